@@ -1,0 +1,72 @@
+"""Text side of the engine: chat prompts and an incremental detokenizer.
+
+`encode_chat` applies the tokenizer's own chat template; `IncrementalDetokenizer` turns a growing
+list of token ids into text deltas that never split a UTF-8 character or drop the spaces that
+SentencePiece/BPE encode inside tokens, and finds stop strings. Not here: token generation.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Messages [{'role', 'content'}] -> prompt ids ending with the assistant header."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+class IncrementalDetokenizer:
+    """Feed token ids, get only the new text. Decodes a short window of recent tokens so the
+    cost per step stays constant and tokenizer-level space handling stays correct."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # tokens before this are already emitted
+        self.text = ""  # all decoded text (stop strings removed)
+        self.emitted = 0  # characters of `text` already returned
+        self.stop = stop
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, new_ids: list[int]) -> str:
+        """Append ids; return the new text (possibly empty). Stops at the first stop string."""
+        if self.stopped:
+            return ""
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset:])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self._emit(delta)
+
+    def _emit(self, delta: str) -> str:
+        """Append decoded text; hold back a tail that could still become a stop string."""
+        self.text += delta
+        for s in self.stop:
+            pos = self.text.find(s, max(0, self.emitted - len(s)))
+            if pos >= 0:
+                self.text, self.stopped = self.text[:pos], True
+        hold = 0
+        if not self.stopped:
+            for s in self.stop:
+                for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        hold = max(hold, k)
+                        break
+        out = self.text[self.emitted:len(self.text) - hold]
+        self.emitted += len(out)
+        return out
+
+    def flush(self) -> str:
+        """Text held back for a possible stop string, once generation has ended."""
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out

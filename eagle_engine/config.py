@@ -1,0 +1,288 @@
+"""Configuration: the single source of truth for model shapes and request parameters.
+
+Owns `TargetConfig` (Llama-family shapes read from an HF config), `DraftConfig` (EAGLE-3 head
+config resolution: number of aux states, aux layer ids, widths, vocab), `SamplingParams` and
+`TreeParams` (validated in `__post_init__`). Does not own weights, tensors or any I/O besides
+parsing a config dict. Widths of hidden-state buffers are answered by `io_struct`'s
+`hidden_size_for` / `dtype_for`, which read these classes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """A config, checkpoint or request parameter is invalid; the message names it and its value."""
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from either the transformers-4 or the transformers-5 layout."""
+    params = cfg.get("rope_parameters") or {}
+    theta = float(cfg.get("rope_theta", params.get("rope_theta", 10000.0)))
+    scaling = cfg.get("rope_scaling") or None
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = dict(params)
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "llama3", "linear"):
+            raise ConfigError(f"rope scaling type {kind!r} is not supported (llama3, linear, default)")
+        if kind == "default":
+            scaling = None
+    return theta, scaling
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Shapes of a Llama-family target model (Llama, SmolLM, Qwen2-style attention bias)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> TargetConfig:
+        required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"]
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ConfigError(f"{source}: missing required keys {missing}")
+        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        if cfg.get("model_type", "llama") not in ("llama", "qwen2", "mistral") or not (
+            arch.endswith("ForCausalLM")
+        ):
+            raise ConfigError(
+                f"{source}: unsupported architecture {arch!r} / model_type "
+                f"{cfg.get('model_type')!r}; supported: Llama-family (llama, qwen2, mistral)"
+            )
+        theta, scaling = _rope_params(cfg)
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            eos_token_ids=eos_ids,
+        )
+
+    def default_aux_layer_ids(self) -> tuple[int, ...]:
+        """Inputs of layers (2, L//2, L-3): the reference capture points, de-duplicated."""
+        L = self.num_layers
+        return tuple(sorted({min(2, L - 1), L // 2, max(L - 3, 0)}))
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Resolved EAGLE-3 head config. `aux_layer_ids` are target layer INPUT indices."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    use_aux_hidden_state: bool
+    num_aux: int
+    aux_layer_ids: tuple[int, ...] | None
+    fc_norm: bool
+    fc_bias: bool
+    attention_bias: bool
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> DraftConfig:
+        required = ["hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"]
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ConfigError(f"{source}: missing required keys {missing}")
+        eagle = cfg.get("eagle_config") or {}
+        use_aux = bool(eagle.get("use_aux_hidden_state", cfg.get("use_aux_hidden_state", True)))
+        out_ids = eagle.get("eagle_aux_hidden_state_layer_ids",
+                            cfg.get("eagle_aux_hidden_state_layer_ids"))
+        if cfg.get("num_aux_hidden_states") is not None:
+            num_aux = int(cfg["num_aux_hidden_states"])
+        elif out_ids is not None:
+            num_aux = len(out_ids)
+        else:
+            num_aux = 3
+        if not use_aux:
+            num_aux = 1
+        # Config ids are 0-indexed layer OUTPUTS; we capture layer INPUTS, hence +1.
+        aux_ids = tuple(int(i) + 1 for i in out_ids) if (out_ids is not None and use_aux) else None
+        if aux_ids is not None and len(aux_ids) != num_aux:
+            raise ConfigError(f"{source}: num_aux_hidden_states={num_aux} but "
+                              f"eagle_aux_hidden_state_layer_ids has {len(aux_ids)} entries")
+        heads = int(cfg["num_attention_heads"])
+        theta, scaling = _rope_params(cfg)
+        hidden = int(cfg["hidden_size"])
+        vocab = int(cfg["vocab_size"])
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg.get("num_hidden_layers", 1)),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            vocab_size=vocab,
+            draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab),
+            target_hidden_size=int(cfg.get("target_hidden_size") or hidden),
+            use_aux_hidden_state=use_aux,
+            num_aux=num_aux,
+            aux_layer_ids=aux_ids,
+            fc_norm=bool(cfg.get("fc_norm", cfg.get("use_aux_norm", False))),
+            fc_bias=bool(cfg.get("bias", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            raw=dict(cfg),
+        )
+
+    def resolve_aux_layer_ids(self, target: TargetConfig) -> tuple[int, ...]:
+        """Target layer-input indices whose hidden states feed this draft (empty when aux is off)."""
+        if not self.use_aux_hidden_state:
+            return ()
+        ids = self.aux_layer_ids or target.default_aux_layer_ids()
+        if len(ids) != self.num_aux:
+            raise ConfigError(
+                f"draft expects {self.num_aux} aux hidden states but the target with "
+                f"{target.num_layers} layers gives capture layers {ids}"
+            )
+        bad = [i for i in ids if not 0 <= i <= target.num_layers]
+        if bad:
+            raise ConfigError(f"aux layer ids {bad} out of range for a {target.num_layers}-layer target")
+        return ids
+
+    def check_target(self, target: TargetConfig) -> None:
+        """Refuse a draft that cannot run on this target, naming both values."""
+        if self.vocab_size != target.vocab_size:
+            raise ConfigError(f"draft vocab_size {self.vocab_size} != target vocab_size "
+                              f"{target.vocab_size}")
+        if self.target_hidden_size != target.hidden_size:
+            raise ConfigError(f"draft target_hidden_size {self.target_hidden_size} != target "
+                              f"hidden_size {target.hidden_size}")
+        if not self.use_aux_hidden_state and self.hidden_size != target.hidden_size:
+            raise ConfigError(f"aux-off draft needs hidden_size == target hidden_size; got "
+                              f"{self.hidden_size} vs {target.hidden_size}")
+        self.resolve_aux_layer_ids(target)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters. temperature 0 means greedy."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {t!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if t == 0 and (p < 1 or self.top_k > 0):
+            raise ConfigError(f"temperature 0 is greedy; top_p={p} / top_k={self.top_k} would be "
+                              "ignored. Set temperature > 0 or leave top_p=1, top_k=0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
+    tree nodes including the root."""
+
+    topk: int = 8
+    num_steps: int = 6
+    num_draft_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "num_steps", "num_draft_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.num_draft_tokens < 2:
+            raise ConfigError(f"num_draft_tokens must be >= 2 (root + one draft), "
+                              f"got {self.num_draft_tokens}")
+        if self.num_draft_tokens - 1 > self.capacity:
+            raise ConfigError(
+                f"num_draft_tokens={self.num_draft_tokens} exceeds what topk={self.topk}, "
+                f"num_steps={self.num_steps} can hold: at most {self.capacity + 1} "
+                f"(root + topk + (num_steps-1)*topk^2)")
+
+    @property
+    def capacity(self) -> int:
+        """Number of candidate draft nodes the expansion produces."""
+        return self.topk + (self.num_steps - 1) * self.topk * self.topk
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to load. `drafts` are names of bundled heads, directories or hub ids;
+    `max_len` caps the context (and sizes every cache and RoPE table)."""
+
+    target: str = "bundled"
+    drafts: tuple[str, ...] = ("bundled",)
+    dtype: str = "bf16"
+    device: str = "cpu"
+    max_len: int = 4096
+    allow_pickle: bool = False
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        if self.max_len < 16:
+            raise ConfigError(f"max_len must be >= 16, got {self.max_len}")

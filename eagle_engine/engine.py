@@ -1,0 +1,296 @@
+"""The engine: loads a target with its EAGLE-3 heads and sequences the phases of one request.
+
+    prefill -> extend -> [ draft -> build_tree -> verify -> accept -> commit -> extend ]*
+
+`stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
+mode) and `generate()` consumes it. Every request prefills from scratch into caches owned by the
+engine, so a stopped or failed request never leaves state that changes the next answer.
+Not here: tensor math of the phases (draft/tree/verify/accept modules) or UI concerns.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .accept import commit, extend
+from .chat import IncrementalDetokenizer, encode_chat
+from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
+from .draft import draft
+from .events import RunStats, StepEvent, TokenSpan, TreeNode
+from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
+from .kv_cache import causal_mask
+from .models.draft_io import load_draft
+from .models.draft_model import Eagle3Draft
+from .models.loader import load_target, load_tokenizer, resolve_target
+from .models.target import TargetModel
+from .sampling import next_token
+from .tree import build_tree
+from .verify import accept_greedy, accept_sampled, run_target
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "heads"
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    name: str
+    num_layers: int
+    use_aux: bool
+    draft_vocab_size: int
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finished: str
+    stats: RunStats
+    events: list[StepEvent] = field(default_factory=list)
+
+
+def bundled_head_dirs() -> list[Path]:
+    return sorted(p for p in ASSETS.glob("*") if (p / "config.json").is_file())
+
+
+class EagleEngine:
+    def __init__(self, target: TargetModel, tokenizer: object, heads: dict[str, Eagle3Draft],
+                 config: EngineConfig) -> None:
+        self.target, self.tokenizer, self.heads, self.config = target, tokenizer, heads, config
+        self.cache = target.new_cache(max_len=config.max_len)
+        eos = set(target.cfg.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.eos_ids = tuple(sorted(eos))
+        self.load_times: dict[str, float] = {}
+
+    @classmethod
+    def load(cls, config: EngineConfig, tokenizer: object | None = None) -> EagleEngine:
+        t0 = time.perf_counter()
+        directory = resolve_target(config.target)
+        t1 = time.perf_counter()
+        dtype = parse_dtype(config.dtype)
+        target = load_target(directory, dtype, config.device, config.max_len)
+        tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
+        heads: dict[str, Eagle3Draft] = {}
+        specs = [str(p) for p in bundled_head_dirs()] if config.drafts == ("bundled",) else list(
+            config.drafts)
+        if config.drafts == ("bundled",) and config.target != "bundled":
+            specs = []
+        for spec in specs:
+            path = ASSETS / spec if (ASSETS / spec / "config.json").is_file() else Path(spec)
+            name = path.name if path.exists() else spec
+            heads[name] = load_draft(path if path.exists() else spec, target.cfg,
+                                     target.embed_tokens, target.lm_head,
+                                     config.max_len + 512, dtype, config.device,
+                                     config.allow_pickle)
+        engine = cls(target, tokenizer, heads, config)
+        engine.load_times = {"resolve_s": t1 - t0, "load_s": time.perf_counter() - t1}
+        log.info("engine ready: target %s, heads %s, %.1fs", directory, list(heads),
+                 time.perf_counter() - t0)
+        return engine
+
+    def head_info(self) -> list[HeadInfo]:
+        return [HeadInfo(n, h.cfg.num_layers, h.cfg.use_aux_hidden_state, h.cfg.draft_vocab_size)
+                for n, h in self.heads.items()]
+
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return encode_chat(self.tokenizer, messages)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 tree: TreeParams | None = None, head: str | None = None,
+                 keep_events: bool = False) -> GenerationResult:
+        ids: list[int] = []
+        text, events, last = "", [], None
+        for ev in self.stream(prompt_ids, params, tree, head):
+            ids += [t.token_id for t in ev.tokens]
+            text += ev.text
+            last = ev
+            if keep_events:
+                events.append(ev)
+        stats = RunStats(**{k: v for k, v in last.stats.items() if k in RunStats.__slots__})
+        return GenerationResult(text, ids, last.finished or "length", stats, events)
+
+    def _check_request(self, prompt_ids: list[int], tree: TreeParams | None,
+                       head: str | None) -> None:
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        if head is not None and head not in self.heads:
+            raise ConfigError(f"unknown draft head {head!r}; loaded: {sorted(self.heads)}")
+        room = self.config.max_len - (tree.num_draft_tokens if tree and head else 1)
+        if len(prompt_ids) >= room:
+            raise ConfigError(f"prompt has {len(prompt_ids)} tokens but the context window is "
+                              f"{self.config.max_len} (room for at most {room - 1} prompt tokens)")
+        bad = [t for t in prompt_ids if not 0 <= t < self.target.cfg.vocab_size]
+        if bad:
+            raise ConfigError(f"token ids {bad[:5]} are outside the vocabulary "
+                              f"(size {self.target.cfg.vocab_size})")
+
+    @torch.inference_mode()
+    def stream(self, prompt_ids: list[int], params: SamplingParams,
+               tree: TreeParams | None = None, head: str | None = None) -> Iterator[StepEvent]:
+        """Yield one event per iteration. `head=None` runs the baseline (target only)."""
+        tree = tree or TreeParams()
+        self._check_request(prompt_ids, tree, head)
+        run = _Run(self, prompt_ids, params, tree, head)
+        yield from run.loop()
+
+
+class _Run:
+    """State of one request: stats, detokenizer, generator; `loop` sequences the phases."""
+
+    def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
+                 tree: TreeParams, head: str | None) -> None:
+        self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
+        self.draft_model = engine.heads[head] if head else None
+        self.aux_ids: tuple[int, ...] = ()
+        if self.draft_model is not None and self.draft_model.cfg.use_aux_hidden_state:
+            self.aux_ids = self.draft_model.cfg.resolve_aux_layer_ids(engine.target.cfg)
+        dev = engine.target.device
+        self.generator = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=dev).manual_seed(params.seed)
+        self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
+        self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
+        self.draft_cache = None
+        if self.draft_model is not None:  # scratch rows for the tree live past max_len
+            self.draft_cache = self.draft_model.new_cache(
+                engine.config.max_len + tree.topk * tree.num_steps)
+        self.t_start = time.perf_counter()
+        self.step = 0
+
+    def _features(self, out) -> torch.Tensor:
+        return out.aux_hidden if self.aux_ids else out.final_hidden
+
+    def _emit(self, tokens: list[int], kinds: list[str], depths: list[int]
+              ) -> tuple[list[TokenSpan], str | None]:
+        """Apply stop rules to emitted tokens; returns kept spans and a finish reason."""
+        spans, finished = [], None
+        for tok, kind, depth in zip(tokens, kinds, depths):
+            if tok in self.e.eos_ids and not self.params.ignore_eos:
+                finished = "eos"
+                break
+            spans.append(TokenSpan(tok, self.detok.add([tok]), kind, depth))
+            self.stats.num_tokens += 1
+            if self.detok.stopped:
+                finished = "stop"
+                break
+            if self.stats.num_tokens >= self.params.max_new_tokens:
+                finished = "length"
+                break
+        if finished and spans:
+            spans[-1].text += self.detok.flush()
+        return spans, finished
+
+    def _event(self, spans: list[TokenSpan], finished: str | None, timings: dict[str, float],
+               **extra) -> StepEvent:
+        self.stats.elapsed_s = time.perf_counter() - self.t_start
+        for k, v in timings.items():
+            self.stats.phase_s[k] = self.stats.phase_s.get(k, 0.0) + v / 1000
+        ev = StepEvent(step=self.step, mode="eagle" if self.draft_model else "ar", tokens=spans,
+                       text="".join(s.text for s in spans), timings_ms=timings,
+                       stats=self.stats.to_dict(), finished=finished, **extra)
+        self.step += 1
+        return ev
+
+    def _prefill(self) -> tuple[int, torch.Tensor]:
+        target, dev = self.e.target, self.e.target.device
+        n = len(self.prompt)
+        ids = torch.tensor([self.prompt], device=dev)
+        out = target(ids, torch.arange(n, device=dev)[None], self.e.cache, 0,
+                     causal_mask(n, 0, dev), self.aux_ids, last_only=True)
+        root = int(next_token(out.logits[0, -1], self.params, self.generator))
+        self.stats.prefill_s = time.perf_counter() - self.t_start
+        return root, self._features(out)[0]
+
+    def loop(self) -> Iterator[StepEvent]:
+        root, features = self._prefill()
+        spans, finished = self._emit([root], ["target"], [0])
+        if self.draft_model is None:
+            yield from self._baseline(root, spans, finished)
+            return
+        ext = EagleDraftExtendInput(torch.tensor(self.prompt[1:] + [root], device=features.device),
+                                    features, 0)
+        state = extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
+        yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
+        while not finished:
+            if state.seq_len + self.tree.num_draft_tokens + 1 > self.e.config.max_len:
+                yield self._event([], "context", {})
+                return
+            state, ev = self._iteration(state)
+            finished = ev.finished
+            yield ev
+
+    def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
+        t0 = time.perf_counter()
+        drafted = draft(self.draft_model, state, self.draft_cache, self.tree)
+        vin = build_tree(drafted, state.root, state.seq_len, self.tree)
+        t1 = time.perf_counter()
+        tl = run_target(self.e.target, vin, self.e.cache, self.aux_ids)
+        if self.params.greedy:
+            path, bonus = accept_greedy(vin, tl.logits)
+        else:
+            path, bonus = accept_sampled(vin, tl.logits, self.params, self.generator)
+        vout = commit(vin, path, bonus, tl.features, self.e.cache)
+        t2 = time.perf_counter()
+        n_acc = vout.num_accepted
+        self.stats.num_steps += 1
+        self.stats.step_tokens += n_acc + 1
+        for d in range(n_acc):
+            self.stats.accepted_per_depth[d] += 1
+        spans, finished = self._emit(vout.emitted, ["accepted"] * n_acc + ["bonus"],
+                                     list(range(1, n_acc + 1)) + [0])
+        new_state = state
+        if not finished:
+            new_state = extend(self.draft_model, vout.extend, self.draft_cache, self.tree.topk)
+        t3 = time.perf_counter()
+        timings = {"draft": (t1 - t0) * 1000, "verify": (t2 - t1) * 1000,
+                   "extend": (t3 - t2) * 1000}
+        return new_state, self._event(spans, finished, timings, rejected=self._rejected(vin, path),
+                                      tree=self._tree_nodes(vin, path))
+
+    def _token_text(self, tok: int) -> str:
+        return self.e.tokenizer.decode([tok])
+
+    def _rejected(self, vin: EagleVerifyInput, path: torch.Tensor) -> list[TokenSpan]:
+        """The draft's own best continuation below the last accepted node (first children)."""
+        parents = vin.parents.tolist()
+        tokens, depth = vin.tokens.tolist(), vin.depth.tolist()
+        node, out = int(path[-1]), []
+        while True:
+            children = [c for c in range(len(parents)) if parents[c] == node]
+            if not children:
+                return out
+            node = children[0]
+            out.append(TokenSpan(tokens[node], self._token_text(tokens[node]), "rejected",
+                                 depth[node]))
+
+    def _tree_nodes(self, vin: EagleVerifyInput, path: torch.Tensor) -> list[TreeNode]:
+        on_path = set(path.tolist())
+        return [TreeNode(t, self._token_text(t), p, d, i in on_path) for i, (t, p, d) in
+                enumerate(zip(vin.tokens.tolist(), vin.parents.tolist(), vin.depth.tolist()))]
+
+    def _baseline(self, root: int, spans: list[TokenSpan], finished: str | None
+                  ) -> Iterator[StepEvent]:
+        target, dev = self.e.target, self.e.target.device
+        yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
+        seq, tok = len(self.prompt), root
+        while not finished:
+            if seq + 1 > self.e.config.max_len:
+                yield self._event([], "context", {})
+                return
+            t0 = time.perf_counter()
+            out = target(torch.tensor([[tok]], device=dev), torch.tensor([[seq]], device=dev),
+                         self.e.cache, seq, None)
+            tok = int(next_token(out.logits[0, -1], self.params, self.generator))
+            seq += 1
+            self.stats.num_steps += 1
+            self.stats.step_tokens += 1
+            spans, finished = self._emit([tok], ["target"], [0])
+            yield self._event(spans, finished, {"decode": (time.perf_counter() - t0) * 1000})

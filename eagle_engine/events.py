@@ -1,0 +1,69 @@
+"""What the engine streams to its callers (CLI, app, bench): one `StepEvent` per iteration, in
+both EAGLE and baseline modes, plus the running statistics. Plain data, no tensors, so events
+serialize to JSON as they are. Not here: how the numbers are produced (`engine.py`)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(slots=True)
+class TokenSpan:
+    token_id: int
+    text: str  # exact text this token added to the answer ("" while a character is incomplete)
+    kind: str  # "accepted" (draft token the target accepted) | "bonus" (the target's own token
+    # after the accepted path) | "target" (baseline/prefill token) | "rejected" (draft, discarded)
+    depth: int  # tree depth of an accepted token; 0 for bonus/target tokens
+
+
+@dataclass(slots=True)
+class TreeNode:
+    token_id: int
+    text: str
+    parent: int  # node index, -1 for the root
+    depth: int
+    accepted: bool
+
+
+@dataclass(slots=True)
+class RunStats:
+    num_tokens: int = 0
+    num_steps: int = 0  # target forwards after prefill (verify steps in EAGLE mode)
+    step_tokens: int = 0  # tokens those forwards produced (accepted drafts + bonus)
+    accepted_per_depth: list[int] = field(default_factory=list)  # steps accepting >= d drafts
+    elapsed_s: float = 0.0
+    prefill_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: tokens per target forward (accepted drafts + the bonus)."""
+        return self.step_tokens / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    def acceptance_per_depth(self) -> list[float]:
+        return [a / self.num_steps for a in self.accepted_per_depth] if self.num_steps else []
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s,
+                 acceptance_per_depth=self.acceptance_per_depth())
+        return d
+
+
+@dataclass(slots=True)
+class StepEvent:
+    step: int
+    mode: str  # "eagle" | "ar"
+    tokens: list[TokenSpan]  # emitted this step, in order
+    text: str  # text delta (concatenation of the spans' text)
+    rejected: list[TokenSpan] = field(default_factory=list)  # draft's continuation past the path
+    tree: list[TreeNode] = field(default_factory=list)  # the verified tree, root first
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # RunStats.to_dict() after this step
+    finished: str | None = None  # "eos" | "length" | "stop" | "context" when this is the last
+
+    def to_dict(self) -> dict:
+        return asdict(self)

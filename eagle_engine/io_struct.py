@@ -1,0 +1,107 @@
+"""Per-phase data types of one EAGLE-3 iteration, one class per phase, never reused across phases.
+
+    EagleDraftInput -> draft() -> DraftTree -> build_tree() -> EagleVerifyInput -> verify()
+    -> EagleVerifyOutput (holds EagleDraftExtendInput) -> extend() -> EagleDraftInput
+
+The widths of hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every
+buffer that holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
+Not here: any computation. Shapes are for one request (the engine decodes one stream at a time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import DraftConfig
+
+
+@dataclass(slots=True)
+class EagleDraftInput:
+    """Draft phase input: the draft's top-k guesses after the root and its recycled hidden."""
+
+    topk_p: torch.Tensor  # [topk] float32 draft probabilities of the level-1 candidates
+    topk_ids: torch.Tensor  # [topk] int64 target-vocab ids
+    hidden: torch.Tensor  # [hidden_size_for] pre-norm draft hidden recycled into decode steps
+    root: int  # last token produced by the target; not yet in any KV cache
+    seq_len: int  # committed tokens in the target and draft caches
+
+    @classmethod
+    def hidden_size_for(cls, draft: DraftConfig) -> int:
+        return draft.hidden_size
+
+    @classmethod
+    def dtype_for(cls, draft_module: torch.nn.Module) -> torch.dtype:
+        return draft_module.lm_head.weight.dtype
+
+    @classmethod
+    def idle(cls, draft: DraftConfig, dtype: torch.dtype, topk: int,
+             device: torch.device | str = "cpu") -> EagleDraftInput:
+        return cls(torch.zeros(topk, device=device), torch.zeros(topk, dtype=torch.long,
+                                                                 device=device),
+                   torch.zeros(cls.hidden_size_for(draft), dtype=dtype, device=device), 0, 0)
+
+
+@dataclass(slots=True)
+class DraftTree:
+    """Everything the draft proposed this iteration (all candidates, before selection)."""
+
+    scores: torch.Tensor  # [capacity] float32 cumulative path probability of each candidate
+    tokens: torch.Tensor  # [capacity] int64 target-vocab ids
+    parents: torch.Tensor  # [capacity] int64 candidate index of the parent (-1 = root)
+
+
+@dataclass(slots=True)
+class EagleVerifyInput:
+    """The selected tree, root first; parents precede children; siblings in draft-prob order."""
+
+    tokens: torch.Tensor  # [N] int64, tokens[0] = root
+    parents: torch.Tensor  # [N] int64 node index of the parent, -1 for the root
+    depth: torch.Tensor  # [N] int64, 0 for the root
+    ancestors: torch.Tensor  # [N, N] bool, [i, j] = j is an ancestor-or-self of i
+    retrieve_indices: torch.Tensor  # [N, num_steps+1] int64 root->node path per node, -1 pad
+    seq_len: int  # cache row / position of the root
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.seq_len + self.depth  # [N]
+
+
+@dataclass(slots=True)
+class EagleDraftExtendInput:
+    """Accepted tokens with the target hidden states that precede them, for the draft extend.
+    Row k pairs hidden of committed position seq_len+k with the token at seq_len+k+1."""
+
+    tokens: torch.Tensor  # [num_accepted + 1] int64 accepted drafts then the bonus token
+    hidden: torch.Tensor  # [num_accepted + 1, hidden_size_for] target features
+    seq_len: int  # first position written (the old committed length)
+
+    @classmethod
+    def hidden_size_for(cls, draft: DraftConfig) -> int:
+        """num_aux * target_hidden with aux states on, else the target's final hidden width."""
+        if draft.use_aux_hidden_state:
+            return draft.num_aux * draft.target_hidden_size
+        return draft.target_hidden_size
+
+    @classmethod
+    def dtype_for(cls, target_module: torch.nn.Module) -> torch.dtype:
+        return target_module.embed_tokens.weight.dtype
+
+    @classmethod
+    def idle(cls, draft: DraftConfig, dtype: torch.dtype,
+             device: torch.device | str = "cpu") -> EagleDraftExtendInput:
+        return cls(torch.zeros(0, dtype=torch.long, device=device),
+                   torch.zeros(0, cls.hidden_size_for(draft), dtype=dtype, device=device), 0)
+
+
+@dataclass(slots=True)
+class EagleVerifyOutput:
+    """Result of verification: the accepted path, the emitted tokens and the next extend input."""
+
+    accepted_nodes: torch.Tensor  # [num_accepted + 1] node indices, root first
+    emitted: list[int]  # accepted draft tokens then the bonus token
+    extend: EagleDraftExtendInput
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.emitted) - 1

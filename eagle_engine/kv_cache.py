@@ -1,0 +1,53 @@
+"""Preallocated static KV cache with explicit verbs, plus the attention masks that index it.
+
+A cache holds, per layer, keys and values `[batch, kv_heads, max_len, head_dim]`; the model writes
+rows at the `start` it is given and never tracks lengths itself. The engine owns the committed
+length. `commit_rows` moves accepted tree rows next to the committed prefix (rejected rows are
+simply left behind and overwritten later; nothing else is copied). Not here: which rows are
+accepted (`verify.py`) or tree structure (`tree.py`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .kernels import compact_kv
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.max_len = max_len
+        self.layers = [(torch.zeros(shape, dtype=dtype, device=device),
+                        torch.zeros(shape, dtype=dtype, device=device))
+                       for _ in range(num_layers)]
+
+    def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
+        """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n)."""
+        n = src_rows.numel()
+        dst = torch.arange(dst_start, dst_start + n, device=src_rows.device)
+        if torch.equal(src_rows, dst):
+            return
+        for k, v in self.layers:
+            compact_kv(k, src_rows, dst_start)
+            compact_kv(v, src_rows, dst_start)
+
+
+def causal_mask(T: int, start: int, device: torch.device | str,
+                valid_from: torch.Tensor | None = None) -> torch.Tensor:
+    """[B or 1, T, start+T] bool: row i sees cache rows [0, start+i]. `valid_from` [B] hides the
+    left padding of ragged batches (cache rows before it), except the row's own position."""
+    rows = torch.arange(start, start + T, device=device)[:, None]
+    cols = torch.arange(start + T, device=device)[None, :]
+    mask = (cols <= rows)[None]  # [1, T, S]
+    if valid_from is not None:
+        mask = mask & (cols[None] >= valid_from[:, None, None])
+        mask = mask | (cols[None] == rows[None])
+    return mask
+
+
+def tree_mask(ancestors: torch.Tensor, start: int) -> torch.Tensor:
+    """ancestors [N, N] bool (ancestor-or-self) -> [1, N, start+N]: full prefix + tree block."""
+    N = ancestors.shape[0]
+    prefix = torch.ones(N, start, dtype=torch.bool, device=ancestors.device)
+    return torch.cat([prefix, ancestors], dim=1)[None]

@@ -1,0 +1,97 @@
+"""The EAGLE-3 draft network (multi-layer, configurable aux states, reduced draft vocabulary).
+
+    h      = fc(cat_i fc_norm_i(aux_i))        # target features -> draft width (skipped when aux off)
+    layer0 : res = h; x = cat(input_layernorm(embed(ids)), hidden_norm(h))   # [.., 2*Hd]
+             h = res + attn(x); h = h + mlp(post_attention_layernorm(h))
+    layer i: ordinary pre-norm decoder layers on Hd
+    pre    = h (recycled as the next decode step's hidden); logits = lm_head(norm(pre))  # [.., Vd]
+
+Draft ids map to target ids with `hot_ids = arange(Vd) + d2t` (offsets; zeros = identity).
+Not here: checkpoint IO (`draft_io.py`), tree logic (`draft.py`, `tree.py`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import DraftConfig
+from ..kv_cache import KVCache
+from .layers import MLP, Attention, RMSNorm, Rope
+
+
+class DraftLayer(nn.Module):
+    """Layer 0 (`is_input_layer`) reads cat(norm(embeds), norm(hidden)); later layers are plain."""
+
+    def __init__(self, cfg: DraftConfig, is_input_layer: bool) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.is_input_layer = is_input_layer
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        if is_input_layer:
+            self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        in_dim = 2 * H if is_input_layer else H
+        self.self_attn = Attention(in_dim, H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                   cfg.attention_bias)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = MLP(H, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, rope: Rope,
+                kv: tuple[torch.Tensor, torch.Tensor], start: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        if self.is_input_layer:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)
+        else:
+            x = self.input_layernorm(h)
+        h = h + self.self_attn(x, positions, rope, kv, start, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: DraftConfig, max_len: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_len = max_len
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.use_aux_hidden_state:
+            width = cfg.num_aux * cfg.target_hidden_size
+            self.fc = nn.Linear(width, cfg.hidden_size, bias=cfg.fc_bias)
+            if cfg.fc_norm:
+                self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
+                                             for _ in range(cfg.num_aux))
+        self.layers = nn.ModuleList(DraftLayer(cfg, i == 0) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)
+
+    @property
+    def hot_ids(self) -> torch.Tensor:
+        """[Vd] target id of each draft id."""
+        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        c = self.cfg
+        w = self.lm_head.weight
+        return KVCache(c.num_layers, 1, c.num_kv_heads, max_len or self.max_len, c.head_dim,
+                       w.dtype, w.device)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [.., EagleDraftExtendInput.hidden_size_for] -> [.., hidden_size]."""
+        if not self.cfg.use_aux_hidden_state:
+            return features
+        if self.cfg.fc_norm:
+            chunks = features.chunk(self.cfg.num_aux, dim=-1)
+            features = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
+
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache, start: int, mask: torch.Tensor | None,
+                from_target: bool, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids/positions [B, T]; hidden [B, T, W] (target features when `from_target`, else the
+        recycled draft hidden). Returns (logits [B, T|1, Vd] float32, pre-norm hidden [B, T, Hd])."""
+        h = self.project(hidden) if from_target else hidden
+        embeds = self.embed_tokens(ids).to(h.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, embeds, positions, self.rope, cache.layers[i], start, mask)
+        logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
+        return logits, h

@@ -1,0 +1,129 @@
+"""Building blocks shared by the target and the draft: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Attention takes explicit positions, an explicit KV cache slice and an explicit boolean mask; it
+keeps no state of its own. Weights are fused (qkv, gate_up) so a decode step is few kernels.
+Not here: how masks are built (engine phases) or where cache rows live (`kv_cache.py`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2], with `llama3` or `linear` scaling applied."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv.float()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return (inv / factor).float()
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+    mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+    scaled = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return scaled.float()
+
+
+class Rope(nn.Module):
+    """Precomputed cos/sin tables for `max_len` positions (sized to the target's context)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float,
+                 scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        inv = rope_inv_freq(head_dim, theta, scaling)
+        t = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(t, inv)  # [max_len, head_dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)  # [max_len, head_dim]
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, heads, T, hd], positions [B, T] -> rotated x."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [B, 1, T, hd]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """GQA self-attention over an external KV cache. `in_dim` is 2*hidden for the EAGLE input layer."""
+
+    def __init__(self, in_dim: int, hidden: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, bias: bool) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        out = (num_heads + 2 * num_kv_heads) * head_dim
+        self.qkv_proj = nn.Linear(in_dim, out, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope,
+                kv: tuple[torch.Tensor, torch.Tensor], start: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, T, in_dim]; kv = (k, v) caches [B, kv_heads, max_len, hd] of this layer.
+        New keys/values are written at cache rows [start, start+T); attention reads rows
+        [0, start+T) under `mask` [B, T, start+T] bool (None = every row visible)."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+             self.num_kv_heads * self.head_dim], dim=-1)
+        q = rope(q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2), positions)
+        k = rope(k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2), positions)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        k_cache, v_cache = kv
+        k_cache[:B, :, start:start + T] = k
+        v_cache[:B, :, start:start + T] = v
+        keys, values = k_cache[:B, :, :start + T], v_cache[:B, :, :start + T]
+        out = attend(q, keys, values, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
+    fp32 and long queries use SDPA; short reduced-precision queries (decode, tree verify) use
+    grouped matmuls with an fp32 softmax, which on CPU is several times faster than the bf16 SDPA
+    kernel there (measured: 0.09 vs 0.27 ms for 1 query over 300 keys)."""
+    B, H, T, d = q.shape
+    kvh, S = k.shape[1], k.shape[2]
+    if q.dtype == torch.float32 or q.device.type != "cpu" or T > 64:
+        attn_mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=H != kvh)
+    g = H // kvh
+    scores = (q.reshape(B, kvh, g * T, d) @ k.transpose(-1, -2)).float() * d ** -0.5
+    if mask is not None:
+        scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
+    probs = scores.view(B, kvh, g * T, S).softmax(-1)  # fp32: bf16 probs lose the sink token
+    out = (probs @ v.float()).to(q.dtype)
+    return out.view(B, kvh, g, T, d).reshape(B, H, T, d)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

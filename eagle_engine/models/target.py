@@ -1,0 +1,87 @@
+"""The target model: a compact Llama-family decoder (Llama, SmolLM, Qwen2-style bias).
+
+`TargetModel.forward` takes token ids, explicit RoPE positions, a KV cache, the cache row to
+write at, and an explicit mask (causal, ragged or tree), and returns logits together with the
+aux hidden states EAGLE-3 consumes (inputs of the chosen layers, un-normalized, concatenated in
+ascending layer order) and the final normed hidden state. No state lives on the model between
+calls. Not here: loading weights (`loader.py`), decoding loops (`baseline.py`, `engine.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import TargetConfig
+from ..kv_cache import KVCache
+from .layers import MLP, Attention, RMSNorm, Rope
+
+
+@dataclass(slots=True)
+class TargetOutput:
+    logits: torch.Tensor  # [B, T or 1, vocab] float32
+    aux_hidden: torch.Tensor | None  # [B, T, num_aux * hidden] (None when nothing is captured)
+    final_hidden: torch.Tensor  # [B, T, hidden] after the final norm (what lm_head reads)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg.hidden_size, cfg.hidden_size, cfg.num_heads,
+                                   cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope,
+                kv: tuple[torch.Tensor, torch.Tensor], start: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), positions, rope, kv, start, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: TargetConfig, max_len: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_len = max_len
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        c = self.cfg
+        return KVCache(c.num_layers, batch, c.num_kv_heads, max_len or self.max_len, c.head_dim,
+                       self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
+                mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...] = (),
+                last_only: bool = False) -> TargetOutput:
+        """ids/positions [B, T]; writes KV rows [start, start+T). `aux_layer_ids` are layer INPUT
+        indices (0..num_layers; num_layers = the un-normed output of the last layer)."""
+        h = self.embed_tokens(ids)  # [B, T, H]
+        captured: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layer_ids:
+                captured.append(h)
+            h = layer(h, positions, self.rope, cache.layers[i], start, mask)
+        if self.cfg.num_layers in aux_layer_ids:
+            captured.append(h)
+        h = self.norm(h)
+        logits = self.lm_head(h[:, -1:] if last_only else h).float()
+        aux = torch.cat(captured, dim=-1) if captured else None
+        return TargetOutput(logits=logits, aux_hidden=aux, final_hidden=h)

@@ -1,0 +1,50 @@
+"""Token sampling: logits -> the exact distribution the baseline samples from, and draws from it.
+
+`target_probs` is the one definition of the sampling distribution (temperature, then top-k, then
+top-p, renormalized); the baseline sampler and speculative verification both call it, which is
+what makes tree acceptance lossless. Greedy is `argmax` with first-index tie-breaking everywhere.
+Not here: acceptance rules (`verify.py`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities [..., V] (temperature > 0 only)."""
+    logits = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """probs [..., V] -> token ids [...] by inverse-CDF with one uniform coin per row."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    coins = torch.rand(flat.shape[0], 1, generator=generator, device=probs.device)
+    cdf = flat.cumsum(-1)
+    ids = torch.searchsorted(cdf, coins * cdf[:, -1:], right=True)
+    ids = ids.clamp_max(flat.shape[-1] - 1)
+    # a coin landing on a zero-probability tail must not pick it: step back to a live token
+    dead = flat.gather(-1, ids) == 0
+    if dead.any():
+        ids = torch.where(dead, flat.argmax(-1, keepdim=True), ids)
+    return ids.view(probs.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams,
+               generator: torch.Generator | None) -> torch.Tensor:
+    """logits [..., V] -> next token ids [...] under `params`."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return sample_from(target_probs(logits, params), generator)

@@ -1,0 +1,71 @@
+"""Stage 1: self-distillation data. Samples prompts from a prompt file (mixed by source so that
+GSM8K does not dominate) and has the target answer them with its own chat template, in batches of
+similar length, mostly greedy with a share of sampled answers. Appends to a JSONL file and skips
+prompts already answered, so an interrupted run resumes. Not here: features or training."""
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..baseline import generate_batch
+from ..chat import encode_chat
+from ..config import SamplingParams
+from ..models.target import TargetModel
+
+
+def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -> list[dict]:
+    """Up to `limit` single-turn prompts; no source takes more than `max_share` of them."""
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for line in path.read_text().split("\n"):  # not splitlines(): prompts contain U+2028
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        by_source[row["source"]].append(row)
+    rng = random.Random(seed)
+    cap = max(1, int(limit * max_share))
+    chosen: list[dict] = []
+    for source in sorted(by_source, key=lambda s: len(by_source[s])):
+        rows = by_source[source]
+        rng.shuffle(rows)
+        room = limit - len(chosen)
+        chosen += rows[:min(cap, room, len(rows))]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], out_path: Path,
+                       max_new_tokens: int, batch_size: int, sampled_share: float, seed: int,
+                       max_prompt_tokens: int = 512) -> None:
+    """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`."""
+    done = set()
+    if out_path.exists():
+        done = {json.loads(l)["id"] for l in out_path.read_text().split("\n") if l.strip()}
+    todo = []
+    rng = random.Random(seed)
+    for row in prompts:
+        ids = encode_chat(tokenizer, [{"role": "user", "content": row["turns"][0]}])
+        temp = 0.7 if rng.random() < sampled_share else 0.0
+        if row["id"] not in done and len(ids) <= max_prompt_tokens:
+            todo.append((temp, len(ids), row, ids))
+    todo.sort(key=lambda t: (t[0], t[1]))  # batch by mode, then by prompt length
+    eos = tuple(tokenizer.convert_tokens_to_ids([tokenizer.eos_token]))
+    gen = torch.Generator().manual_seed(seed)
+    with out_path.open("a") as f, tqdm(total=len(todo), desc="self-distillation") as bar:
+        for i in range(0, len(todo), batch_size):
+            chunk = todo[i:i + batch_size]
+            temp = chunk[0][0]
+            params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp,
+                                    top_p=0.95 if temp else 1.0)
+            outs = generate_batch(model, [c[3] for c in chunk], params, eos, gen)
+            for (t, _, row, ids), resp in zip(chunk, outs):
+                f.write(json.dumps({"id": row["id"], "source": row["source"], "prompt_ids": ids,
+                                    "response_ids": resp + list(eos[:1]),
+                                    "temperature": t}) + "\n")
+            f.flush()
+            bar.update(len(chunk))
