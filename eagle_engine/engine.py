@@ -35,6 +35,7 @@ from .verify import accept_greedy, accept_sampled, run_target
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "heads"
+DEFAULT_HEAD = "eagle3-aux-1layer"
 
 
 @dataclass(frozen=True)
