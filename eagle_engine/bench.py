@@ -1,6 +1,188 @@
-"""Placeholder: filled in by its issue."""
+"""`python -m eagle_engine bench`: baseline vs EAGLE-3 on a prompt file, in one process.
+
+Runs every prompt (multi-turn rows as conversations, feeding the first mode's own answers back)
+through each requested mode and head, interleaved per prompt so both modes see the same machine
+load, and reports tokens/s, mean accepted length tau, acceptance per depth, greedy agreement with
+the baseline and the speedup measured in this run. `--sweep` compares tree shapes; `--costs`
+measures the verify cost of N tree tokens and the draft step cost relative to one target step.
+Not here: the decoding itself (`engine.py`).
+"""
+from __future__ import annotations
+
 import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .cli import add_engine_args, add_tree_args, engine_config
+from .config import ConfigError, SamplingParams, TreeParams
+from .kv_cache import causal_mask
+
+
+@dataclass
+class ModeTotals:
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    step_tokens: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    same_as_baseline: int = 0
+    answers: int = 0
+
+    def add(self, result, seconds: float) -> None:  # noqa: ANN001 - GenerationResult
+        s = result.stats
+        self.tokens += len(result.token_ids)
+        self.seconds += seconds
+        self.steps += s.num_steps
+        self.step_tokens += s.step_tokens
+        if len(self.accepted_per_depth) < len(s.accepted_per_depth):
+            self.accepted_per_depth += [0] * (len(s.accepted_per_depth) -
+                                              len(self.accepted_per_depth))
+        for d, a in enumerate(s.accepted_per_depth):
+            self.accepted_per_depth[d] += a
+        self.answers += 1
+
+    def summary(self) -> dict:
+        return {"tokens": self.tokens, "seconds": round(self.seconds, 2),
+                "tokens_per_s": round(self.tokens / self.seconds, 2) if self.seconds else 0.0,
+                "tau": round(self.step_tokens / self.steps, 3) if self.steps else 0.0,
+                "acceptance_per_depth": [round(a / self.steps, 3) for a in
+                                         self.accepted_per_depth] if self.steps else [],
+                "greedy_same_as_baseline": f"{self.same_as_baseline}/{self.answers}"}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("bench", help="baseline vs EAGLE-3 speed and acceptance on prompts")
+    p.add_argument("--prompts", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--modes", default="ar,eagle")
+    p.add_argument("--heads", default=None, help="comma-separated bundled head names "
+                   "(default: --draft)")
+    p.add_argument("--sweep", default=None, help="tree shapes 'topk,steps,tokens;...'")
+    p.add_argument("--costs", action="store_true", help="measure verify/draft cost ratios")
+    p.add_argument("--first-turn-only", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="write the report here")
+    add_engine_args(p)
+    add_tree_args(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def parse_sweep(text: str) -> list[TreeParams]:
+    try:
+        return [TreeParams(*(int(x) for x in part.split(","))) for part in text.split(";")]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--sweep expects 'topk,steps,tokens;...', got {text!r} ({e})") from e
+
+
+def load_rows(path: Path, limit: int | None) -> list[dict]:
+    if not path.is_file():
+        raise ConfigError(f"prompt file {path} does not exist")
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreeParams]],  # noqa: ANN001
+              params: SamplingParams, first_turn_only: bool) -> dict[str, ModeTotals]:
+    """runs: (label, head or None, tree). The first run's answers build the conversations."""
+    totals = {label: ModeTotals() for label, _, _ in runs}
+    for i, row in enumerate(rows):
+        messages: list[dict[str, str]] = []
+        for turn in row["turns"][:1] if first_turn_only else row["turns"]:
+            messages.append({"role": "user", "content": turn})
+            prompt = engine.encode(messages)
+            baseline_ids, first_text = None, None
+            for label, head, tree in runs:
+                t0 = time.perf_counter()
+                result = engine.generate(prompt, params, tree, head)
+                totals[label].add(result, time.perf_counter() - t0)
+                if head is None:
+                    baseline_ids = result.token_ids
+                elif baseline_ids is not None:
+                    totals[label].same_as_baseline += result.token_ids == baseline_ids
+                first_text = result.text if first_text is None else first_text
+            messages.append({"role": "assistant", "content": first_text})
+        print(f"[{i + 1}/{len(rows)}] " + "  ".join(
+            f"{k}: {v.summary()['tokens_per_s']} tok/s tau {v.summary()['tau']}"
+            for k, v in totals.items()), flush=True)
+    return totals
+
+
+def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 5) -> dict:  # noqa: ANN001
+    """Median time of a target forward of N tokens after `context` tokens, relative to N=1,
+    and of one draft decode step with K tokens relative to one target token."""
+    target, dev = engine.target, engine.target.device
+    cache = engine.cache
+
+    def timed(fn) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return sorted(times[1:])[len(times[1:]) // 2]
+
+    def target_fwd(n: int) -> None:
+        ids = torch.zeros(1, n, dtype=torch.long, device=dev)
+        pos = torch.arange(context, context + n, device=dev)[None]
+        target(ids, pos, cache, context, causal_mask(n, context, dev) if n > 1 else None)
+
+    base = timed(lambda: target_fwd(1))
+    out = {"target_1_token_ms": round(base * 1000, 2),
+           "verify_cost_vs_1_token": {n: round(timed(lambda n=n: target_fwd(n)) / base, 2)
+                                      for n in (8, 16, 32, 48, 64)}}
+    if head is not None:
+        model = engine.heads[head]
+        dcache = model.new_cache(context + 128)
+
+        def draft_fwd(k: int) -> None:
+            ids = torch.zeros(1, k, dtype=torch.long, device=dev)
+            hid = torch.zeros(1, k, model.cfg.hidden_size, dtype=model.lm_head.weight.dtype,
+                              device=dev)
+            pos = torch.full((1, k), context, device=dev)
+            model(ids, hid, pos, dcache, context, None, from_target=False)
+        out["draft_step_cost_vs_target_token"] = {k: round(timed(lambda k=k: draft_fwd(k)) / base,
+                                                           3) for k in (1, 4, 8)}
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from .cli import pick_head
+    from .engine import EagleEngine
+
+    rows = load_rows(args.prompts, args.limit)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("ar", "eagle")]
+    if bad:
+        raise ConfigError(f"unknown modes {bad}; use ar and/or eagle")
+    engine = EagleEngine.load(engine_config(args, need_draft="eagle" in modes))
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
+    heads = args.heads.split(",") if args.heads else [pick_head(engine, args.draft)] if (
+        "eagle" in modes) else []
+    runs: list[tuple[str, str | None, TreeParams]] = [("ar", None, tree)] if "ar" in modes else []
+    trees = parse_sweep(args.sweep) if args.sweep else [tree]
+    for h in heads:
+        for t in trees:
+            runs.append((f"eagle[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", h, t))
+    engine.generate(engine.encode("Hello"), SamplingParams(max_new_tokens=8))  # warm-up
+    report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": args.dtype,
+                    "max_new_tokens": args.max_new_tokens, "torch_threads":
+                    torch.get_num_threads()}
+    if args.costs:
+        report["costs"] = measure_costs(engine, heads[0] if heads else None)
+        print(json.dumps(report["costs"]), flush=True)
+    totals = run_modes(engine, rows, runs, params, args.first_turn_only)
+    report["modes"] = {k: v.summary() for k, v in totals.items()}
+    if "ar" in totals:
+        ar = totals["ar"].summary()["tokens_per_s"]
+        for k, v in report["modes"].items():
+            v["speedup_vs_ar"] = round(v["tokens_per_s"] / ar, 3) if ar else None
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")

@@ -199,6 +199,9 @@ class DraftConfig:
         if self.vocab_size != target.vocab_size:
             raise ConfigError(f"draft vocab_size {self.vocab_size} != target vocab_size "
                               f"{target.vocab_size}")
+        if self.draft_vocab_size > target.vocab_size:
+            raise ConfigError(f"draft_vocab_size {self.draft_vocab_size} exceeds the target "
+                              f"vocab_size {target.vocab_size}")
         if self.target_hidden_size != target.hidden_size:
             raise ConfigError(f"draft target_hidden_size {self.target_hidden_size} != target "
                               f"hidden_size {target.hidden_size}")

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .accept import commit, extend
+from .accept import commit
 from .chat import IncrementalDetokenizer, encode_chat
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
-from .draft import draft
+from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import causal_mask
@@ -30,7 +30,7 @@ from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .sampling import next_token
 from .tree import build_tree
-from .verify import accept_greedy, accept_sampled, run_target
+from .verify import accept_greedy, accept_sampled
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class EagleEngine:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_ids = tuple(sorted(eos))
         self.load_times: dict[str, float] = {}
+        self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
     @classmethod
     def load(cls, config: EngineConfig, tokenizer: object | None = None) -> EagleEngine:
@@ -100,6 +101,15 @@ class EagleEngine:
         return [HeadInfo(n, h.cfg.num_layers, h.cfg.use_aux_hidden_state, h.cfg.draft_vocab_size)
                 for n, h in self.heads.items()]
 
+    def phases(self, head: str | None, tree: TreeParams) -> Phases:
+        """Phase callables for a request: CUDA-graph replays on CUDA (captured on first use of
+        a head and tree shape) unless `config.cuda_graphs` is off; the eager functions on CPU."""
+        key = (head, tree if head else None)
+        if key not in self._phases:
+            self._phases[key] = phases_for(self.target, self.cache, self.heads.get(head), tree,
+                                           self.config)
+        return self._phases[key]
+
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return encode_chat(self.tokenizer, messages)
@@ -109,7 +119,7 @@ class EagleEngine:
                  keep_events: bool = False) -> GenerationResult:
         ids: list[int] = []
         text, events, last = "", [], None
-        for ev in self.stream(prompt_ids, params, tree, head):
+        for ev in self.stream(prompt_ids, params, tree, head, trace=keep_events):
             ids += [t.token_id for t in ev.tokens]
             text += ev.text
             last = ev
@@ -135,11 +145,13 @@ class EagleEngine:
 
     @torch.inference_mode()
     def stream(self, prompt_ids: list[int], params: SamplingParams,
-               tree: TreeParams | None = None, head: str | None = None) -> Iterator[StepEvent]:
-        """Yield one event per iteration. `head=None` runs the baseline (target only)."""
+               tree: TreeParams | None = None, head: str | None = None,
+               trace: bool = True) -> Iterator[StepEvent]:
+        """Yield one event per iteration. `head=None` runs the baseline (target only).
+        `trace` adds the verified tree and the rejected drafts (for the UI) to each event."""
         tree = tree or TreeParams()
         self._check_request(prompt_ids, tree, head)
-        run = _Run(self, prompt_ids, params, tree, head)
+        run = _Run(self, prompt_ids, params, tree, head, trace)
         yield from run.loop()
 
 
@@ -147,8 +159,9 @@ class _Run:
     """State of one request: stats, detokenizer, generator; `loop` sequences the phases."""
 
     def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
-                 tree: TreeParams, head: str | None) -> None:
+                 tree: TreeParams, head: str | None, trace: bool) -> None:
         self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
+        self.trace = trace
         self.draft_model = engine.heads[head] if head else None
         self.aux_ids: tuple[int, ...] = ()
         if self.draft_model is not None and self.draft_model.cfg.use_aux_hidden_state:
@@ -159,8 +172,9 @@ class _Run:
             self.generator = torch.Generator(device=dev).manual_seed(params.seed)
         self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
-        self.draft_cache = None
-        if self.draft_model is not None:  # scratch rows for the tree live past max_len
+        self.phases = engine.phases(head, tree)
+        self.draft_cache = self.phases.draft_cache
+        if self.draft_model is not None and self.draft_cache is None:  # tree scratch past max_len
             self.draft_cache = self.draft_model.new_cache(
                 engine.config.max_len + tree.topk * tree.num_steps)
         self.t_start = time.perf_counter()
@@ -218,7 +232,7 @@ class _Run:
             return
         ext = EagleDraftExtendInput(torch.tensor(self.prompt[1:] + [root], device=features.device),
                                     features, 0)
-        state = extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
+        state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
         yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         while not finished:
             if state.seq_len + self.tree.num_draft_tokens + 1 > self.e.config.max_len:
@@ -230,10 +244,10 @@ class _Run:
 
     def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
         t0 = time.perf_counter()
-        drafted = draft(self.draft_model, state, self.draft_cache, self.tree)
+        drafted = self.phases.draft(self.draft_model, state, self.draft_cache, self.tree)
         vin = build_tree(drafted, state.root, state.seq_len, self.tree)
         t1 = time.perf_counter()
-        tl = run_target(self.e.target, vin, self.e.cache, self.aux_ids)
+        tl = self.phases.run_target(self.e.target, vin, self.e.cache, self.aux_ids)
         if self.params.greedy:
             path, bonus = accept_greedy(vin, tl.logits)
         else:
@@ -249,12 +263,14 @@ class _Run:
                                      list(range(1, n_acc + 1)) + [0])
         new_state = state
         if not finished:
-            new_state = extend(self.draft_model, vout.extend, self.draft_cache, self.tree.topk)
+            new_state = self.phases.extend(self.draft_model, vout.extend, self.draft_cache,
+                                           self.tree.topk)
         t3 = time.perf_counter()
         timings = {"draft": (t1 - t0) * 1000, "verify": (t2 - t1) * 1000,
                    "extend": (t3 - t2) * 1000}
-        return new_state, self._event(spans, finished, timings, rejected=self._rejected(vin, path),
-                                      tree=self._tree_nodes(vin, path))
+        detail = {"rejected": self._rejected(vin, path),
+                  "tree": self._tree_nodes(vin, path)} if self.trace else {}
+        return new_state, self._event(spans, finished, timings, **detail)
 
     def _token_text(self, tok: int) -> str:
         return self.e.tokenizer.decode([tok])
@@ -279,7 +295,7 @@ class _Run:
 
     def _baseline(self, root: int, spans: list[TokenSpan], finished: str | None
                   ) -> Iterator[StepEvent]:
-        target, dev = self.e.target, self.e.target.device
+        target = self.e.target
         yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         seq, tok = len(self.prompt), root
         while not finished:
@@ -287,9 +303,8 @@ class _Run:
                 yield self._event([], "context", {})
                 return
             t0 = time.perf_counter()
-            out = target(torch.tensor([[tok]], device=dev), torch.tensor([[seq]], device=dev),
-                         self.e.cache, seq, None)
-            tok = int(next_token(out.logits[0, -1], self.params, self.generator))
+            logits = self.phases.decode(target, tok, seq, self.e.cache)
+            tok = int(next_token(logits, self.params, self.generator))
             seq += 1
             self.stats.num_steps += 1
             self.stats.step_tokens += 1

@@ -37,16 +37,19 @@ class ByteTokenizer:
         return [2 for _ in toks]
 
 
-def make_hf_target(directory: Path, seed: int = 0, **overrides) -> Path:
-    """Save a random transformers LlamaForCausalLM (safetensors) into `directory`."""
+def make_hf_target(directory: Path, seed: int = 0, weight_scale: float = 3.0,
+                   **overrides) -> Path:
+    """Save a random transformers LlamaForCausalLM (safetensors) into `directory`.
+    `weight_scale` multiplies every matrix: the default 3.0 makes logits peaky (no greedy
+    near-ties) but greedy text collapses into repeats; 1.0 gives varied greedy continuations."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(**{**TINY, **overrides})
     model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # larger weights make logits peaky, so greedy has no near-ties
+    with torch.no_grad():
         for p in model.parameters():
-            p.mul_(3.0 if p.dim() > 1 else 1.0)
+            p.mul_(weight_scale if p.dim() > 1 else 1.0)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
 
@@ -86,9 +89,9 @@ def save_head(model: Eagle3Draft, target_cfg: TargetConfig, directory: Path) -> 
 
 
 def tiny_engine(tmp: Path, heads: dict[str, dict] | None = None, dtype: str = "fp32",
-                max_len: int = 256, seed: int = 0) -> EagleEngine:
+                max_len: int = 256, seed: int = 0, weight_scale: float = 3.0) -> EagleEngine:
     """Engine over a tiny random target with random heads (name -> random_head kwargs)."""
-    target_dir = make_hf_target(tmp / "target", seed)
+    target_dir = make_hf_target(tmp / "target", seed, weight_scale)
     target = load_target(target_dir, torch.float32, "cpu", max_len)
     paths = []
     for name, kw in (heads or {"head": {}}).items():

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DraftConfig, TargetConfig
 from .draft_model import Eagle3Draft
 from .layers import Rope
-from .loader import load_state, read_config, read_tensors
+from .loader import fuse_rows, load_state, read_config, read_tensors
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,17 @@ def normalize_names(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             continue
         if ".self_attn.q_proj." in name:
             base, kind = name.rsplit(".q_proj.", 1)
-            parts = [t] + [sd.get(f"{base}.{p}_proj.{kind}") for p in "kv"]
-            if any(p is None for p in parts):
+            parts = {f"{base}.{p}_proj.{kind}": sd.get(f"{base}.{p}_proj.{kind}") for p in "qkv"}
+            if any(p is None for p in parts.values()):
                 raise ConfigError(f"{base}: q_proj.{kind} present but k_proj/v_proj missing")
-            out[f"{base}.qkv_proj.{kind}"] = torch.cat(parts)
+            out[f"{base}.qkv_proj.{kind}"] = fuse_rows(parts)
         elif ".mlp.gate_proj." in name:
             base = name.rsplit(".gate_proj.", 1)[0]
             up = sd.get(f"{base}.up_proj.weight")
             if up is None:
                 raise ConfigError(f"{base}: gate_proj present but up_proj missing")
-            out[f"{base}.gate_up_proj.weight"] = torch.cat([t, up])
+            out[f"{base}.gate_up_proj.weight"] = fuse_rows({f"{base}.gate_proj.weight": t,
+                                                             f"{base}.up_proj.weight": up})
         else:
             out[name] = t
     return out
@@ -159,6 +160,7 @@ def draft_config_dict(cfg: DraftConfig, target: TargetConfig, max_len: int) -> d
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_layers, "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling, "attention_bias": cfg.attention_bias,
         "max_position_embeddings": max_len, "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bias": cfg.fc_bias,

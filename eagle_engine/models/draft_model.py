@@ -16,7 +16,7 @@ from torch import nn
 
 from ..config import DraftConfig
 from ..kv_cache import KVCache
-from .layers import MLP, Attention, RMSNorm, Rope
+from .layers import MLP, Attention, RMSNorm, Rope, RopeTable
 
 
 class DraftLayer(nn.Module):
@@ -35,14 +35,15 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = MLP(H, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, rope: Rope,
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
         if self.is_input_layer:
             x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)
         else:
             x = self.input_layernorm(h)
-        h = h + self.self_attn(x, positions, rope, kv, start, mask)
+        h = h + self.self_attn(x, rope, kv, start, mask, cache_rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -86,12 +87,15 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache, start: int, mask: torch.Tensor | None,
-                from_target: bool, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                from_target: bool, last_only: bool = False,
+                cache_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids/positions [B, T]; hidden [B, T, W] (target features when `from_target`, else the
-        recycled draft hidden). Returns (logits [B, T|1, Vd] float32, pre-norm hidden [B, T, Hd])."""
+        recycled draft hidden). Returns (logits [B, T|1, Vd] float32, pre-norm hidden [B, T, Hd]).
+        `cache_rows` [T]: static-shape cache writes (see `Attention.forward`)."""
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
+        rope = self.rope.table(positions, h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, embeds, positions, self.rope, cache.layers[i], start, mask)
+            h = layer(h, embeds, rope, cache.layers[i], start, mask, cache_rows)
         logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
         return logits, h

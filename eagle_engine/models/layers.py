@@ -7,6 +7,7 @@ Not here: how masks are built (engine phases) or where cache rows live (`kv_cach
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,13 +58,22 @@ class Rope(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)  # [max_len, head_dim]
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [B, heads, T, hd], positions [B, T] -> rotated x."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [B, 1, T, hd]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTable:
+        """Look up cos/sin once per forward for positions [B, T]; every layer reuses them."""
+        return RopeTable(self.cos[positions].unsqueeze(1).to(dtype),  # [B, 1, T, hd]
+                         self.sin[positions].unsqueeze(1).to(dtype))
+
+
+@dataclass(slots=True)
+class RopeTable:
+    cos: torch.Tensor  # [B, 1, T, head_dim]
+    sin: torch.Tensor  # [B, 1, T, head_dim]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, heads, T, hd] -> rotated x."""
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return x * self.cos + rotated * self.sin
 
 
 class Attention(nn.Module):
@@ -77,23 +87,31 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(in_dim, out, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope,
+    def forward(self, x: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """x [B, T, in_dim]; kv = (k, v) caches [B, kv_heads, max_len, hd] of this layer.
         New keys/values are written at cache rows [start, start+T); attention reads rows
-        [0, start+T) under `mask` [B, T, start+T] bool (None = every row visible)."""
+        [0, start+T) under `mask` [B, T, start+T] bool (None = every row visible).
+        With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start` is ignored: rows are
+        written by index and attention reads the whole cache under `mask` [B, T, max_len]."""
         B, T, _ = x.shape
         q, k, v = self.qkv_proj(x).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
              self.num_kv_heads * self.head_dim], dim=-1)
-        q = rope(q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2), positions)
-        k = rope(k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2), positions)
+        q = rope.apply(q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2))
+        k = rope.apply(k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2))
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         k_cache, v_cache = kv
-        k_cache[:B, :, start:start + T] = k
-        v_cache[:B, :, start:start + T] = v
-        keys, values = k_cache[:B, :, :start + T], v_cache[:B, :, :start + T]
+        if cache_rows is None:
+            k_cache[:B, :, start:start + T] = k
+            v_cache[:B, :, start:start + T] = v
+            keys, values = k_cache[:B, :, :start + T], v_cache[:B, :, :start + T]
+        else:
+            keys, values = k_cache[:B], v_cache[:B]
+            keys.index_copy_(2, cache_rows, k)
+            values.index_copy_(2, cache_rows, v)
         out = attend(q, keys, values, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 

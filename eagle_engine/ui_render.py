@@ -1,0 +1,317 @@
+"""What the playground draws from the engine's `StepEvent`s: HTML token spans (accepted draft,
+rejected draft, bonus and target tokens), the legend, stat tiles, the latest draft tree as SVG,
+per-phase timings, the per-step plot data, the EAGLE-vs-baseline comparison, and the mapping of
+the sidebar's values to an engine request (which loaded head an (aux, layers) choice means). Pure functions of plain data: no Gradio, no
+tensors. Every piece of model and user text is HTML-escaped here. Not here: decoding
+(`engine.py`) or Gradio wiring (`app.py`)."""
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
+
+import pandas as pd
+
+from .config import ConfigError, SamplingParams, TreeParams
+from .engine import DEFAULT_HEAD
+from .events import StepEvent, TreeNode
+
+KIND_CLASS = {"accepted": "tok-acc", "rejected": "tok-rej", "bonus": "tok-bonus",
+              "target": "tok-target"}
+KIND_LABEL = {"accepted": "accepted draft", "rejected": "rejected draft",
+              "bonus": "target token (bonus)", "target": "target token"}
+FINISH_TEXT = {"eos": "end of answer", "length": "max new tokens reached",
+               "stop": "stop string", "context": "context window full"}
+LEGEND_HINT = {"accepted": "solid underline", "rejected": "struck through",
+               "bonus": "dotted underline", "target": "plain"}
+
+
+class HeadLike(Protocol):
+    name: str
+    num_layers: int
+    use_aux: bool
+    draft_vocab_size: int
+
+
+def span_html(text: str, kind: str, step: int, depth: int) -> str:
+    """One token as an escaped span with its kind's class and a (kind, step, depth) tooltip."""
+    if not text:
+        return ""
+    tip = f"{KIND_LABEL[kind]} · step {step}" + (f" · depth {depth}" if depth else "")
+    tag = "del" if kind == "rejected" else "span"
+    return f'<{tag} class="tok {KIND_CLASS[kind]}" title="{tip}">{html.escape(text)}</{tag}>'
+
+
+def legend_html() -> str:
+    items = "".join(
+        f'<span class="legend-item"><span class="tok {KIND_CLASS[k]}">{KIND_LABEL[k]}</span>'
+        f'<span class="legend-hint">{LEGEND_HINT[k]}</span></span>' for k in KIND_CLASS)
+    return f'<div class="legend" role="list" aria-label="token legend">{items}</div>'
+
+
+def user_html(text: str) -> str:
+    return f'<div class="user-text">{html.escape(text)}</div>'
+
+
+def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """Chatbot messages of a session's turns: escaped user text, rendered answer spans."""
+    return [m for t in turns for m in ({"role": "user", "content": user_html(t["user"])},
+                                       {"role": "assistant", "content": t["html"]})]
+
+
+def engine_status(config: Any, num_heads: int) -> str:
+    target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
+              else html.escape(str(config.target)))
+    graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
+    return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
+            f"**Device** {config.device} · **dtype** {config.dtype} · **CUDA graphs** {graphs}")
+
+
+@dataclass
+class AnswerView:
+    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree."""
+
+    parts: list[str] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""
+    accepted_per_step: list[int] = field(default_factory=list)
+    tree: list[TreeNode] = field(default_factory=list)
+    tree_step: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+    finished: str | None = None
+
+    def _add(self, text: str, kind: str, step: int, depth: int) -> None:
+        self.parts.append(span_html(text, kind, step, depth))
+        self.spans.append({"text": text, "kind": kind, "step": step, "depth": depth})
+
+    def add(self, ev: StepEvent) -> None:
+        """Accepted drafts, then the rejected drafts the bonus token replaced, then the bonus."""
+        n_acc = sum(t.kind == "accepted" for t in ev.tokens)
+        has_bonus = any(t.kind == "bonus" for t in ev.tokens)
+        for t in ev.tokens:
+            if t.kind == "bonus":
+                for r in ev.rejected:
+                    self._add(r.text, "rejected", ev.step, r.depth)
+            self._add(t.text, t.kind, ev.step, n_acc + 1 if t.kind == "bonus" else t.depth)
+        if ev.rejected and not has_bonus and not ev.finished:
+            for r in ev.rejected:
+                self._add(r.text, "rejected", ev.step, r.depth)
+        self.text += ev.text
+        if ev.mode == "eagle" and ev.step > 0 and (ev.tokens or ev.tree):
+            self.accepted_per_step.append(n_acc)
+        if ev.tree:
+            self.tree, self.tree_step = ev.tree, ev.step
+        self.stats, self.finished = ev.stats, ev.finished
+
+    def html(self) -> str:
+        return f'<div class="spec-answer">{"".join(self.parts)}</div>'
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.stats.get("num_tokens", 0))
+
+
+def acceptance_rate(stats: dict[str, Any]) -> float | None:
+    """Accepted draft tokens / draft positions offered (steps x depth)."""
+    per_depth = stats.get("acceptance_per_depth") or []
+    return sum(per_depth) / len(per_depth) if per_depth else None
+
+
+def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
+    return (f'<div class="tile" id="{tile_id}" title="{hint}"><div class="tile-value">{value}'
+            f'</div><div class="tile-label">{label}</div></div>')
+
+
+def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None) -> str:
+    rate = acceptance_rate(stats) if eagle else None
+    tau = stats.get("tau", 0.0)
+    tiles = [
+        _tile("tile-tps", f"{stats.get('tokens_per_s', 0.0):.1f}", "tokens/s",
+              "generated tokens / wall time, prefill included"),
+        _tile("tile-tau", f"{tau:.2f}" if eagle and tau else "—", "mean accepted length τ",
+              "tokens per target forward (accepted drafts + 1)"),
+        _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",
+              "accepted draft tokens / (steps × draft depth)"),
+        _tile("tile-speedup", f"{speedup:.2f}×" if speedup else "—", "speedup vs baseline",
+              "EAGLE tokens/s ÷ baseline tokens/s (turn on 'compare with baseline')"),
+    ]
+    return f'<div class="tiles">{"".join(tiles)}</div>'
+
+
+def timing_html(stats: dict[str, Any]) -> str:
+    phases = {k: v for k, v in (stats.get("phase_s") or {}).items() if v > 0}
+    if not phases:
+        return '<div class="timing empty">Per-phase timing appears after a run.</div>'
+    total = sum(phases.values())
+    steps = max(int(stats.get("num_steps", 0)), 1)
+    rows = "".join(
+        f'<tr><td>{html.escape(k)}</td><td>{1000 * v:.1f}</td><td>{1000 * v / steps:.2f}</td>'
+        f'<td><span class="bar" style="width:{100 * v / total:.0f}%"></span> '
+        f'{100 * v / total:.0f}%</td></tr>' for k, v in phases.items())
+    return ('<table class="timing"><thead><tr><th>phase</th><th>total ms</th><th>ms / step</th>'
+            f'<th>share</th></tr></thead><tbody>{rows}</tbody></table>')
+
+
+def steps_frame(accepted_per_step: Sequence[int]) -> pd.DataFrame:
+    return pd.DataFrame({"step": list(range(1, len(accepted_per_step) + 1)),
+                         "accepted": list(accepted_per_step)})
+
+
+def _tree_rows(nodes: Sequence[TreeNode]) -> list[int]:
+    """Row of each node: children are stacked in their parent's order, so edges rarely cross."""
+    order: list[int] = []
+    children: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        children.setdefault(n.parent, []).append(i)
+    stack = list(reversed(children.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(children.get(i, [])))
+    rows, next_row = [0] * len(nodes), {}
+    for i in order:
+        d = nodes[i].depth
+        rows[i] = next_row.get(d, 0)
+        next_row[d] = rows[i] + 1
+    return rows
+
+
+def _label(text: str) -> str:
+    shown = text.replace(" ", "␣").replace("\n", "⏎")
+    return html.escape(shown if len(shown) <= 9 else shown[:8] + "…")
+
+
+def tree_svg(nodes: Sequence[TreeNode], step: int = 0) -> str:
+    """The verified draft tree: one column per depth, accepted path bold with a check mark."""
+    if not nodes:
+        return '<div class="tree empty">The latest draft tree shows here during an EAGLE run.</div>'
+    rows = _tree_rows(nodes)
+    col_w, row_h, box_w = 104, 26, 88
+    pos = [(8 + n.depth * col_w, 6 + r * row_h) for n, r in zip(nodes, rows)]
+    edges, boxes = [], []
+    for i, n in enumerate(nodes):
+        x, y = pos[i]
+        if n.parent >= 0:
+            px, py = pos[n.parent]
+            cls = "edge acc" if n.accepted and nodes[n.parent].accepted else "edge"
+            edges.append(f'<line class="{cls}" x1="{px + box_w}" y1="{py + 10}" x2="{x}" '
+                         f'y2="{y + 10}"/>')
+        cls = "node acc" if n.accepted else "node"
+        mark = "✓ " if n.accepted and n.parent >= 0 else ""
+        state = "accepted" if n.accepted else "not accepted"
+        boxes.append(f'<g class="{cls}"><title>depth {n.depth} · {state}: '
+                     f'{html.escape(repr(n.text))}</title><rect x="{x}" y="{y}" width="{box_w}" '
+                     f'height="20" rx="4"/><text x="{x + 5}" y="{y + 14}">{mark}'
+                     f'{_label(n.text)}</text></g>')
+    width = 16 + (max(n.depth for n in nodes) + 1) * col_w
+    height = 12 + (max(rows) + 1) * row_h
+    caption = (f"Draft tree of step {step}: {len(nodes)} nodes; accepted path bold with ✓ "
+               "(root = last committed token)")
+    return (f'<div class="tree"><div class="tree-caption">{caption}</div><svg role="img" '
+            f'aria-label="{caption}" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}">{"".join(edges)}{"".join(boxes)}</svg></div>')
+
+
+def first_difference(a: str, b: str) -> int | None:
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool) -> str:
+    """EAGLE and baseline answers side by side, with speeds and the greedy-identity verdict."""
+    def column(title: str, view: AnswerView, col_id: str) -> str:
+        s = view.stats
+        meta = (f"{view.num_tokens} tokens · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
+                f"{s.get('elapsed_s', 0.0):.2f} s")
+        return (f'<div class="compare-col" id="{col_id}"><div class="compare-title">{title}</div>'
+                f'<div class="compare-meta">{meta}</div>{view.html()}</div>')
+
+    if not done:
+        verdict = "Baseline running…"
+    elif not greedy:
+        verdict = ("Sampling (temperature > 0): the texts may differ; both follow the target's "
+                   "distribution.")
+    elif (diff := first_difference(spec.text, base.text)) is None:
+        verdict = "✓ Greedy texts are identical (speculation is lossless)."
+    else:
+        verdict = f"✗ Greedy texts differ from character {diff}."
+    return (f'<div class="compare"><div class="compare-verdict">{html.escape(verdict)}</div>'
+            f'<div class="compare-cols">{column("EAGLE-3", spec, "compare-eagle")}'
+            f'{column("Baseline (target only)", base, "compare-base")}</div></div>')
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sidebar values, in the order of the event inputs after the prompt and the history."""
+
+    spec: bool
+    aux: bool
+    layers: int
+    topk: int
+    num_steps: int
+    num_draft_tokens: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: float | None
+    compare: bool
+
+    def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
+        """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
+        sampling_on = bool(self.temperature and self.temperature > 0)
+        sampling = SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_p=self.top_p if sampling_on else 1.0,
+            seed=int(self.seed) if sampling_on and self.seed is not None else None)
+        tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens)
+        if not self.spec:
+            return sampling, tree, None
+        head = pick_head(heads, self.aux, self.layers)
+        if head is None:
+            raise ConfigError(head_note(heads, True, self.aux, self.layers))
+        return sampling, tree, head
+
+
+SETTING_NAMES = [f.name for f in fields(Settings)]
+
+
+def run_record(view: AnswerView, head: str | None, speedup: float | None,
+               base: AnswerView | None, greedy: bool) -> dict[str, Any]:
+    """The JSON summary of a finished answer (and its baseline run, when compared)."""
+    return {"head": head, "text": view.text, "spans": view.spans, "stats": view.stats,
+            "finished": view.finished, "speedup": speedup,
+            "baseline": base and {"text": base.text, "stats": base.stats},
+            "greedy_identical": base.text == view.text if base and greedy else None}
+
+
+def pick_head(heads: Iterable[HeadLike], aux: bool, layers: int) -> str | None:
+    """Name of the loaded head with this aux setting and layer count, if any."""
+    return next((h.name for h in heads if h.use_aux == aux and h.num_layers == layers), None)
+
+
+def default_head(heads: Sequence[HeadLike]) -> HeadLike | None:
+    """The engine's default head (aux, one layer) when loaded, else the first one."""
+    return next((h for h in heads if h.name == DEFAULT_HEAD), heads[0] if heads else None)
+
+
+def layer_choices(heads: Iterable[HeadLike], aux: bool) -> list[int]:
+    return sorted({h.num_layers for h in heads if h.use_aux == aux})
+
+
+def head_note(heads: Sequence[HeadLike], spec: bool, aux: bool, layers: int) -> str:
+    """Markdown saying which head the sidebar selects, or why none applies."""
+    if not heads:
+        return "No draft head is loaded: only the baseline (target alone) can run."
+    if not spec:
+        return "Speculative decoding is off: the target decodes alone; draft settings don't apply."
+    name = pick_head(heads, aux, layers)
+    if name is None:
+        have = ", ".join(f"{h.name} ({h.num_layers} layer, aux {'on' if h.use_aux else 'off'})"
+                         for h in heads)
+        return (f"No head with aux {'on' if aux else 'off'} and {layers} layer(s) is loaded. "
+                f"Loaded: {have}.")
+    h = next(h for h in heads if h.name == name)
+    return (f"Draft head **{name}**: {h.num_layers} layer(s), aux hidden states "
+            f"{'on' if h.use_aux else 'off'}, draft vocab {h.draft_vocab_size}.")

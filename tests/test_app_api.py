@@ -1,0 +1,231 @@
+"""API tests of the playground as a `gradio_client` user meets it: `python app.py` launched once
+on 127.0.0.1 (tests/app_fixtures.py), greedy runs of a few tokens. Checks streaming, the token
+kinds, lossless greedy output against the baseline, HTML escaping, readable errors for bad
+input, a prompt over the context window and an engine failure, per-session history, and Stop
+leaving the engine ready. Rendering helpers are checked directly on fixed events."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from eagle_engine.events import StepEvent
+
+if TYPE_CHECKING:
+    from tests.app_fixtures import AppServer
+
+pytest_plugins = ["tests.app_fixtures"]
+REPO = Path(__file__).resolve().parent.parent
+
+OUT = {name: i for i, name in enumerate(  # outputs of /chat as the client returns them
+    ("prompt", "chat", "status", "tiles", "plot", "tree", "timing", "compare", "run"))}
+SMALL = dict(max_new_tokens=24, temperature=0.0)
+PROMPT = "Write a Python function that reverses a string."
+ALLOWED_TAGS = {"div", "span", "del"}
+
+
+def message_texts(chat: list[dict]) -> list[str]:
+    return ["".join(block["text"] for block in m["content"]) for m in chat]
+
+
+def visible_text(spans: list[dict]) -> str:
+    return "".join(s["text"] for s in spans if s["kind"] != "rejected")
+
+
+def test_api_lists_named_endpoints(app_server: AppServer) -> None:
+    api = app_server.client().view_api(return_format="dict", print_info=False)
+    endpoints = api["named_endpoints"]
+    assert {"/chat", "/regenerate", "/stop", "/clear"} <= set(endpoints)
+    names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
+    assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
+                     "temperature", "top_p", "max_new_tokens", "seed", "compare"]
+
+
+def test_chat_streams_token_kinds_and_matches_baseline(app_server: AppServer) -> None:
+    job = app_server.client().submit(PROMPT, **SMALL, compare=True, api_name="/chat")
+    final = job.result(timeout=180)
+    frames = job.outputs()
+    assert len(frames) > 3, "the answer should stream once per engine iteration"
+    run = final[OUT["run"]]
+    kinds = {s["kind"] for s in run["spans"]}
+    assert {"target", "bonus"} <= kinds and kinds <= {"target", "bonus", "accepted", "rejected"}
+    assert visible_text(run["spans"]) == run["text"]
+    assert run["stats"]["num_tokens"] == 24 or run["finished"] == "eos"
+    assert run["greedy_identical"] is True, (run["text"], run["baseline"]["text"])
+    assert run["speedup"] and run["speedup"] > 0
+    answer = message_texts(final[OUT["chat"]])[-1]
+    assert 'class="tok tok-bonus"' in answer and 'class="tok tok-target"' in answer
+    assert re.search(r'title="[^"]*step \d+', answer)
+    assert "Greedy texts are identical" in final[OUT["compare"]]
+    assert final[OUT["status"]].startswith("Done")
+    steps = final[OUT["plot"]]["data"]
+    assert len(steps) == run["stats"]["num_steps"]
+    assert "<svg" in final[OUT["tree"]] and "verify" in final[OUT["timing"]]
+
+
+def test_trained_head_accepts_drafts(app_server: AppServer) -> None:
+    if not app_server.trained_heads:
+        pytest.skip("no trained heads in assets/heads: random heads accept nothing")
+    final = app_server.client().predict(PROMPT, **SMALL, api_name="/chat")
+    run = final[OUT["run"]]
+    accepted = [s for s in run["spans"] if s["kind"] == "accepted"]
+    assert accepted and all(s["depth"] >= 1 for s in accepted)
+    assert run["stats"]["tau"] > 1.0
+    assert 'class="tok tok-acc"' in message_texts(final[OUT["chat"]])[-1]
+
+
+def test_baseline_mode_has_only_target_tokens(app_server: AppServer) -> None:
+    final = app_server.client().predict(PROMPT, spec=False, max_new_tokens=8, api_name="/chat")
+    run = final[OUT["run"]]
+    assert run["head"] is None and {s["kind"] for s in run["spans"]} == {"target"}
+    assert "—" in final[OUT["tiles"]]  # no tau / acceptance without a draft
+
+
+def test_user_and_model_text_is_escaped(app_server: AppServer) -> None:
+    prompt = "Repeat exactly: <script>alert(1)</script> & <b>bold</b>"
+    final = app_server.client().predict(prompt, max_new_tokens=12, api_name="/chat")
+    user, answer = message_texts(final[OUT["chat"]])[-2:]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in user
+    for content in (user, answer):
+        assert set(re.findall(r"</?([a-zA-Z]+)", content)) <= ALLOWED_TAGS, content
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt="   "), "Type a message first"),
+    (dict(prompt="hi", temperature=-1.0), "less than minimum"),
+    (dict(prompt="hi", max_new_tokens=100_000), "greater than maximum"),
+    (dict(prompt="hi", topk=1, num_steps=2, num_draft_tokens=32), "num_draft_tokens=32"),
+    (dict(prompt="hi", aux=False, layers=2), "No head with aux off and 2 layer"),
+    (dict(prompt="word " * 1500), "context window"),
+])
+def test_bad_requests_give_readable_errors(app_server: AppServer, kwargs: dict,
+                                           message: str) -> None:
+    from gradio_client.exceptions import AppError
+
+    client = app_server.client()
+    with pytest.raises(AppError, match=message):
+        client.predict(**kwargs, api_name="/chat")
+    final = client.predict("What is 2 + 2?", max_new_tokens=4, api_name="/chat")
+    assert len(final[OUT["chat"]]) == 2, "a refused request must not enter the history"
+
+
+def test_sessions_are_isolated_and_multi_turn(app_server: AppServer) -> None:
+    a, b = app_server.client(), app_server.client()
+    jobs = [a.submit("What is the capital of France?", max_new_tokens=16, api_name="/chat"),
+            b.submit("Name three colors.", max_new_tokens=16, api_name="/chat")]
+    results = [j.result(timeout=180) for j in jobs]
+    for final, own, other in ((results[0], "France", "colors"), (results[1], "colors", "France")):
+        texts = message_texts(final[OUT["chat"]])
+        assert len(texts) == 2 and own in texts[0] and other not in " ".join(texts)
+    follow = a.predict("And of Italy?", max_new_tokens=8, api_name="/chat")
+    texts = message_texts(follow[OUT["chat"]])
+    assert len(texts) == 4 and "France" in texts[0] and "Italy" in texts[2]
+    assert not any("colors" in t for t in texts)
+
+
+def test_stop_leaves_engine_ready_for_an_identical_answer(app_server: AppServer) -> None:
+    from gradio_client.utils import Status
+
+    fresh = app_server.client().predict(PROMPT, **SMALL, api_name="/chat")[OUT["run"]]["text"]
+    client = app_server.client()
+    job = client.submit(PROMPT, max_new_tokens=200, api_name="/chat")
+    while len(job.outputs()) < 4 and not job.done():
+        time.sleep(0.05)
+    job.cancel()
+    deadline = time.monotonic() + 30
+    while job.status().code != Status.CANCELLED and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job.status().code == Status.CANCELLED
+    assert job.outputs()[-1][OUT["status"]].startswith("Generating"), "stopped mid-stream"
+    again = client.predict(**SMALL, api_name="/regenerate")
+    assert again[OUT["run"]]["text"] == fresh
+    assert len(again[OUT["chat"]]) == 2, "regenerate replaces the stopped answer"
+
+
+def test_clear_resets_history(app_server: AppServer) -> None:
+    client = app_server.client()
+    client.predict("Say hello.", max_new_tokens=4, api_name="/chat")
+    cleared = client.predict(api_name="/clear")
+    assert cleared[OUT["chat"]] == []
+    final = client.predict("Say goodbye.", max_new_tokens=4, api_name="/chat")
+    assert len(final[OUT["chat"]]) == 2
+
+
+class FakeEngine:
+    """Just enough engine for the app: one head, a fixed answer, and a failure on 'boom'."""
+
+    config = SimpleNamespace(target="fake", device="cpu", dtype="fp32", cuda_graphs=False)
+
+    def __init__(self, events: list[StepEvent]) -> None:
+        self.events = events
+
+    def head_info(self) -> list[Any]:
+        return [SimpleNamespace(name="eagle3-aux-1layer", num_layers=1, use_aux=True,
+                                draft_vocab_size=8)]
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        return [1, 2, 3] if "boom" not in messages[-1]["content"] else [0]
+
+    def stream(self, ids: list[int], *_: Any) -> Iterator[StepEvent]:
+        if ids == [0]:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        yield from self.events
+
+
+@pytest.fixture(scope="module")
+def fake_app(fixed_events: list[StepEvent]) -> Iterator[Any]:
+    """The real Blocks over FakeEngine, launched in-process on 127.0.0.1."""
+    import app
+
+    demo = app.build_demo(FakeEngine(fixed_events))
+    demo.queue(max_size=16, default_concurrency_limit=1)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    from gradio_client import Client
+
+    yield Client(url, analytics_enabled=False, verbose=False)
+    demo.close()
+
+
+def test_engine_failure_is_readable_and_page_stays_usable(fake_app: Any) -> None:
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=r"The engine failed \(RuntimeError: CUDA out of memory"):
+        fake_app.predict("boom", api_name="/chat")
+    final = fake_app.predict("hello", api_name="/chat")
+    assert final[OUT["run"]]["text"] == "Speculation is <b> fast\nwhen drafts agree."
+    assert len(final[OUT["chat"]]) == 2
+
+
+def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[StepEvent]) -> None:
+    from eagle_engine import ui_render as ui
+
+    view = ui.AnswerView()
+    for ev in fixed_events:
+        view.add(ev)
+    assert [s["kind"] for s in view.spans] == ["target", "accepted", "accepted", "rejected",
+                                               "rejected", "bonus", "accepted", "rejected", "bonus"]
+    html = view.html()
+    assert "&lt;b&gt;" in html and "<b>" not in html and "&amp;" in html
+    assert '<del class="tok tok-rej" title="rejected draft · step 1 · depth 3">' in html
+    assert 'title="target token (bonus) · step 1 · depth 3"' in html  # after 2 accepted
+    assert view.accepted_per_step == [2, 1]
+    assert "✓" in ui.tree_svg(view.tree, view.tree_step) and "&lt;b&gt;" in ui.tree_svg(view.tree)
+    assert ui.acceptance_rate(view.stats) == 0.25
+
+
+def test_import_has_no_side_effects() -> None:
+    """Importing app.py neither loads a model nor touches the environment (Spaces imports it)."""
+    code = ("import os; before = dict(os.environ); import app; "
+            "assert dict(os.environ) == before; assert not hasattr(app, 'engine'); "
+            "assert callable(app.main) and callable(app.build_demo)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    assert out.returncode == 0, out.stderr
