@@ -266,8 +266,8 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
         trigger(pg.sidebar_state, *head_io, **quiet)
     draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "compare")]
-    c["spec"].change(lambda on: [gr.update(interactive=on)] * len(draft_only), c["spec"],
-                     draft_only, **quiet)
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * 3 + [gr.update(
+        interactive=on, value=False)], c["spec"], draft_only, **quiet)
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
@@ -320,6 +320,7 @@ def load_engine(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     demo = build_demo(load_engine(parse_args(argv)))
     demo.queue(max_size=16, default_concurrency_limit=1)
     demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])

@@ -1,6 +1,6 @@
 """Baseline decode speed: our engine vs `transformers.generate` on the same model, one process.
 
-    python benchmarks/baseline_vs_transformers.py [--tokens 128] [--prompts 4]
+    PYTHONPATH=. python benchmarks/baseline_vs_transformers.py [--tokens 128] [--prompts 4]
 
 Runs the same chat prompts greedily through both, in fp32 and bf16, alternating per prompt,
 and prints tokens/s, the ratio of our best to transformers' best, the weight bytes read per

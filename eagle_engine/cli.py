@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        one_line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+        print(f"error: {one_line}", file=sys.stderr)
         return 2
     return 0

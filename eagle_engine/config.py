@@ -248,9 +248,10 @@ class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
     tree nodes including the root."""
 
-    topk: int = 8
-    num_steps: int = 6
-    num_draft_tokens: int = 32
+    # defaults = the fastest shape of the measured sweep on the 2-core CPU (README, "Tree sweep")
+    topk: int = 1
+    num_steps: int = 3
+    num_draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):

@@ -208,8 +208,11 @@ class _Run:
         self.stats.elapsed_s = time.perf_counter() - self.t_start
         for k, v in timings.items():
             self.stats.phase_s[k] = self.stats.phase_s.get(k, 0.0) + v / 1000
+        # text held back for a possible stop string belongs to earlier spans; release it when the
+        # run ends (EOS or the context limit can end it with no span this step to carry it)
+        tail = self.detok.flush() if finished else ""
         ev = StepEvent(step=self.step, mode="eagle" if self.draft_model else "ar", tokens=spans,
-                       text="".join(s.text for s in spans), timings_ms=timings,
+                       text="".join(s.text for s in spans) + tail, timings_ms=timings,
                        stats=self.stats.to_dict(), finished=finished, **extra)
         self.step += 1
         return ev

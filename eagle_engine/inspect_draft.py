@@ -132,6 +132,10 @@ def inspect_draft(path: str | Path, target: str | None = None, allow_pickle: boo
                      if t.is_floating_point()})
     counts = parameter_counts(model)
     scaling = cfg.rope_scaling or {}
+
+    def source(name: str, otherwise: str) -> str:
+        return "in checkpoint" if name in sd else otherwise
+
     lines = [
         f"EAGLE-3 draft head: {directory}",
         f"architecture: {(cfg.raw.get('architectures') or ['unknown'])[0]}",
@@ -149,8 +153,8 @@ def inspect_draft(path: str | Path, target: str | None = None, allow_pickle: boo
         f"target_hidden_size: {cfg.target_hidden_size}",
         f"vocab: target {cfg.vocab_size}, draft {cfg.draft_vocab_size} "
         f"(d2t: {'in checkpoint' if 'd2t' in sd else 'absent, identity'})",
-        f"embed_tokens: {'in checkpoint' if 'embed_tokens.weight' in sd else 'shared with the target'}",
-        f"lm_head: {'in checkpoint' if 'lm_head.weight' in sd else 'copied from the target'}",
+        f"embed_tokens: {source('embed_tokens.weight', 'shared with the target')}",
+        f"lm_head: {source('lm_head.weight', 'copied from the target')}",
         f"width EagleDraftExtendInput.hidden_size_for (target features): "
         f"{EagleDraftExtendInput.hidden_size_for(cfg)}",
         f"width EagleDraftInput.hidden_size_for (recycled draft hidden): "

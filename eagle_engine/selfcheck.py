@@ -22,8 +22,7 @@ import torch
 
 from . import kernels
 from .accept import commit, extend
-from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
-                     TreeParams)
+from .config import ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig, TreeParams
 from .cuda_graph import GraphMode, GraphPhases
 from .draft import draft
 from .engine import EagleEngine
@@ -133,7 +132,8 @@ def prefill_both(target: TargetModel, head: Eagle3Draft, target_caches: tuple[KV
                      causal_mask(n, 0, dev), aux, last_only=True)
     root = out.logits[0, -1].argmax()[None]
     ext = EagleDraftExtendInput(torch.cat([prompt[1:], root]), out.aux_hidden[0], 0)
-    return [extend(head, ext, cache, topk) for cache in draft_caches][0]
+    states = [extend(head, ext, cache, topk) for cache in draft_caches]
+    return states[0]
 
 
 def extend_every_padding(head: Eagle3Draft, runners: GraphPhases, caches: tuple[KVCache, KVCache],
@@ -163,7 +163,7 @@ def phase_parity(target: TargetModel, head: Eagle3Draft, tree: TreeParams, mode:
     accepting 0..num_steps drafts in turn; the extend is also checked at every padding. Tokens,
     trees and top-k ids must match exactly, floats to a dtype tolerance."""
     K, S, L = tree.topk, tree.num_steps, target.max_len - 32
-    tolerance = 1e-5 if target.dtype == torch.float32 else 3e-2
+    tolerance = 5e-5 if target.dtype == torch.float32 else 3e-2
     aux = head.cfg.resolve_aux_layer_ids(target.cfg)
     t_eager, t_static = target.new_cache(max_len=L), target.new_cache(max_len=L)
     runners = GraphPhases(target, t_static, head, tree, L + K * S)
@@ -187,7 +187,8 @@ def parity_step(target: TargetModel, head: Eagle3Draft, tree: TreeParams, runner
     The accepted path is forced to depth `it % (num_steps+1)` (or the deepest node there is),
     so the extend sees every padding across iterations."""
     t_eager, t_static, d_eager, d_static = caches
-    drafted, got_tree = draft(head, state, d_eager, tree), runners.draft(head, state, d_static, tree)
+    drafted = draft(head, state, d_eager, tree)
+    got_tree = runners.draft(head, state, d_static, tree)
     d = diffs["draft decode"]
     d.exact("tree tokens", drafted.tokens, got_tree.tokens)
     d.exact("tree parents", drafted.parents, got_tree.parents)
@@ -349,7 +350,9 @@ def model_rows(args: argparse.Namespace) -> list[Row]:
         head = pick_head(loaded, args.draft)
     except (ConfigError, OSError) as e:
         return [Row(f"model {args.target}", "skipped", f"could not load: {e}"[:200])]
-    engines = engine_pair(loaded.target, loaded.tokenizer, loaded.heads, config)
+    eager = EagleEngine(loaded.target, loaded.tokenizer, loaded.heads,
+                        dataclasses.replace(config, cuda_graphs=False))
+    engines = (eager, loaded)  # `loaded` has graphs on (the default)
     prompt_ids = loaded.encode(args.prompt)
     rows = engine_parity(engines, head, prompt_ids, tree, args.max_new_tokens,
                          strict=args.dtype == "fp32", label=f"{args.target} {args.dtype}")

@@ -51,7 +51,7 @@ def legend_html() -> str:
 
 
 def user_html(text: str) -> str:
-    return f'<div class="user-text">{html.escape(text)}</div>'
+    return html.escape(text)
 
 
 def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
@@ -105,7 +105,9 @@ class AnswerView:
         self.stats, self.finished = ev.stats, ev.finished
 
     def html(self) -> str:
-        return f'<div class="spec-answer">{"".join(self.parts)}</div>'
+        """The spans only, no wrapper: a growing answer is then an append-only string, which
+        Gradio streams as small `append` diffs."""
+        return "".join(self.parts)
 
     @property
     def num_tokens(self) -> int:
@@ -226,7 +228,8 @@ def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool) -
         meta = (f"{view.num_tokens} tokens · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
                 f"{s.get('elapsed_s', 0.0):.2f} s")
         return (f'<div class="compare-col" id="{col_id}"><div class="compare-title">{title}</div>'
-                f'<div class="compare-meta">{meta}</div>{view.html()}</div>')
+                f'<div class="compare-meta">{meta}</div><div class="spec-answer">{view.html()}'
+                '</div></div>')
 
     if not done:
         verdict = "Baseline running…"
@@ -267,6 +270,9 @@ class Settings:
             seed=int(self.seed) if sampling_on and self.seed is not None else None)
         tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens)
         if not self.spec:
+            if self.compare:
+                raise ConfigError("compare needs speculative decoding on: with it off the "
+                                  "answer already is the baseline")
             return sampling, tree, None
         head = pick_head(heads, self.aux, self.layers)
         if head is None:

@@ -34,7 +34,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--disable-quic",
                  "--no-first-run", "--disable-dev-shm-usage", "--force-color-profile=srgb",
                  "--hide-scrollbars", "--font-render-hinting=none"]
-STARTUP_TIMEOUT_S = 300
+STARTUP_TIMEOUT_S = float(os.environ.get("EAGLE_APP_STARTUP_TIMEOUT", "300"))
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ def test_user_and_model_text_is_escaped(app_server: AppServer) -> None:
     (dict(prompt="hi", max_new_tokens=100_000), "greater than maximum"),
     (dict(prompt="hi", topk=1, num_steps=2, num_draft_tokens=32), "num_draft_tokens=32"),
     (dict(prompt="hi", aux=False, layers=2), "No head with aux off and 2 layer"),
+    (dict(prompt="hi", spec=False, compare=True), "compare needs speculative decoding on"),
     (dict(prompt="word " * 1500), "context window"),
 ])
 def test_bad_requests_give_readable_errors(app_server: AppServer, kwargs: dict,

@@ -9,6 +9,8 @@ import torch
 
 from eagle_engine.chat import IncrementalDetokenizer, encode_chat
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 REPLACEMENT = "\ufffd"
 TEXTS = [
     "Hello  world,  héllo wörld!  tabs\tand\nnewlines ... don't  .",

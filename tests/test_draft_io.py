@@ -22,6 +22,8 @@ from eagle_engine.models.draft_io import draft_config_dict, export_state, load_d
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 LEGACY = {"fc_norm.0.": "aux_norm_low.", "fc_norm.1.": "aux_norm_mid.",
           "fc_norm.2.": "aux_norm_high."}
 

@@ -21,6 +21,8 @@ from eagle_engine.draft import draft
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.models.draft_model import Eagle3Draft
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 TARGET = TargetConfig(vocab_size=96, hidden_size=24, intermediate_size=64, num_layers=8,
                       num_heads=4, num_kv_heads=2, head_dim=6, rms_norm_eps=1e-6,
                       rope_theta=1e4, rope_scaling=None, max_position_embeddings=512,

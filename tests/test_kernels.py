@@ -6,7 +6,7 @@ decorated, so it cannot be switched on inside a pytest process that may have imp
 already (and must not leak into the real-kernel tests). The subprocess runs every case of
 `kernels/checks.py` (random trees and the edge cases: chain, star, full tree, nothing and
 everything accepted, identity / reversed / overlapping compaction) and reports per case; the
-tests below assert case by case. The device tests need CUDA and are skipped without it.
+tests below assert case by case. The device tests are marked `cuda` (skipped without it).
 """
 from __future__ import annotations
 
@@ -22,23 +22,23 @@ import torch
 
 from eagle_engine import kernels
 from eagle_engine.kernels import reference
-from eagle_engine.kernels.checks import (compact_cases, kernel_mismatches, tree_cases,
-                                         verify_cases)
+from eagle_engine.kernels.checks import compact_cases, kernel_mismatches, tree_cases, verify_cases
 
 ROOT = Path(__file__).resolve().parent.parent
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-CASES = [("tree_build", c[0]) for c in tree_cases()] + [
-    ("verify_greedy", c[0]) for c in verify_cases()] + [("kv_compact", c[0]) for c in compact_cases()]
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+CASES = ([("tree_build", c[0]) for c in tree_cases()]
+         + [("verify_greedy", c[0]) for c in verify_cases()]
+         + [("kv_compact", c[0]) for c in compact_cases()])
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     """{"kernel_types": [...], "results": {kernel: [cases, failures]}} from the interpreter."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "eagle_engine.kernels.checks"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -64,7 +64,7 @@ def test_edge_cases_mean_what_they_say() -> None:
             assert (int(best), int(length)) == (0, 0), name
         if name.endswith("everything accepted"):
             assert int(length) == int(args[3].max()), name
-    chain = dict((c[0], c) for c in tree_cases())["chain"]
+    chain = {c[0]: c for c in tree_cases()}["chain"]
     depth, _, retrieve = reference.build_tree_from_parents(chain[1], chain[2])
     assert depth.tolist() == list(range(8)) and retrieve[-1].tolist() == list(range(8))
 
@@ -104,7 +104,7 @@ def test_cpu_dispatch_is_the_reference() -> None:
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_kernels_on_the_device_match_reference() -> None:
     assert kernels.use_triton(torch.zeros(1, device="cuda"))
     results = kernel_mismatches(kernels, "cuda")

@@ -21,6 +21,8 @@ from eagle_engine.models.loader import convert_gguf, load_target, resolve_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 
 @pytest.fixture
 def ckpt(tiny_target_dir: Path, tmp_path: Path) -> Path:

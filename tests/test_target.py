@@ -23,6 +23,8 @@ from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import TINY
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 CONFIGS = {
@@ -111,7 +113,8 @@ def test_config_parsed(pair: Pair) -> None:
     hf_cfg, cfg = pair.hf.config, pair.ours.cfg
     assert cfg.num_layers == hf_cfg.num_hidden_layers
     assert cfg.num_kv_heads == hf_cfg.num_key_value_heads
-    assert cfg.head_dim == getattr(hf_cfg, "head_dim", hf_cfg.hidden_size // hf_cfg.num_attention_heads)
+    default_head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
+    assert cfg.head_dim == getattr(hf_cfg, "head_dim", default_head_dim)
     assert cfg.tie_word_embeddings == bool(hf_cfg.tie_word_embeddings)
     assert cfg.attention_bias == (hf_cfg.model_type == "qwen2")
     if cfg.tie_word_embeddings:

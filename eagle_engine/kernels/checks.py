@@ -24,7 +24,8 @@ def tree_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, int]]:
              ("fewer nodes than max_depth", torch.tensor([-1, 0, 0]), 6)]
     for i in range(12):
         n = int(torch.randint(2, 70, (), generator=g))
-        parents = [-1] + [int(torch.randint(max(0, j - 9), j, (), generator=g)) for j in range(1, n)]
+        parents = [-1] + [int(torch.randint(max(0, j - 9), j, (), generator=g))
+                          for j in range(1, n)]
         depth = reference.build_tree_from_parents(torch.tensor(parents), n)[0]
         cases.append((f"random N={n}", torch.tensor(parents), int(depth.max()) + i % 3))
     return cases
@@ -88,8 +89,8 @@ def kernel_mismatches(impl: ModuleType | SimpleNamespace, device: torch.device |
     return out
 
 
-def check_case(impl: ModuleType | SimpleNamespace, kernel: str, args: list, device: torch.device | str
-               ) -> bool:
+def check_case(impl: ModuleType | SimpleNamespace, kernel: str, args: list,
+               device: torch.device | str) -> bool:
     if kernel == "tree_build":
         parents, max_depth = args
         return same(impl.build_tree_from_parents(parents.to(device), max_depth),

@@ -32,7 +32,8 @@ def _verify_greedy_kernel(tokens_ptr, parents_ptr, ancestors_ptr, depth_ptr, pre
         bad = bad | (tl.max(hits, axis=1) != 0)
     depth = tl.load(depth_ptr + rows, mask=row_ok, other=0)
     score = tl.where(row_ok & ~bad, depth, -1)  # [BLOCK_N]
-    best_depth, best = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    best_depth, best = tl.max(score, axis=0, return_indices=True,
+                              return_indices_tie_break_left=True)  # first index on ties
     tl.store(out_ptr, best.to(tl.int64))
     tl.store(out_ptr + 1, best_depth.to(tl.int64))
 

@@ -97,12 +97,11 @@ class Attention(nn.Module):
         With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start` is ignored: rows are
         written by index and attention reads the whole cache under `mask` [B, T, max_len]."""
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(
-            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-             self.num_kv_heads * self.head_dim], dim=-1)
-        q = rope.apply(q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2))
-        k = rope.apply(k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2))
-        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, heads, self.head_dim).transpose(1, 2)  # [B, heads, T, hd]
+        qk = rope.apply(qkv[:, :self.num_heads + self.num_kv_heads])  # one rotation for q and k
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
         k_cache, v_cache = kv
         if cache_rows is None:
             k_cache[:B, :, start:start + T] = k

@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 
 from ..config import DraftConfig, parse_dtype
-from ..models.draft_io import save_draft
+from ..models.draft_io import normalize_names, save_draft
 from ..models.draft_model import Eagle3Draft
-from ..models.loader import load_target, load_tokenizer, resolve_target
+from ..models.loader import (load_target, load_tokenizer, read_tensors, resolve_target,
+                             safetensors_files)
 from .data import generate_responses, select_prompts
 from .features import extract, load_samples, read_rows
 from .trainer import TrainParams, train
@@ -50,6 +51,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="training time budget (the LR schedule is fitted to it)")
     p.add_argument("--no-generate", action="store_true",
                    help="train on the responses already in --work-dir (skip generation)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a trained head (matching tensors are copied)")
     p.add_argument("--quick", action="store_true", help="tiny CI configuration")
     p.set_defaults(func=run_pipeline)
 
@@ -68,6 +71,25 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int) -> Draf
         "head_dim": t.head_dim, "num_hidden_layers": num_layers, "rms_norm_eps": t.rms_norm_eps,
         "rope_theta": t.rope_theta, "vocab_size": t.vocab_size, "draft_vocab_size": vocab,
         "target_hidden_size": t.hidden_size, "eagle_config": {"use_aux_hidden_state": use_aux}})
+
+
+@torch.no_grad()
+def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | None) -> None:  # noqa: ANN001
+    """lm_head rows and final norm start as the target's own (so the head starts in the target's
+    output space), residual branches of extra layers start at zero (identity), and `init_from`
+    copies every tensor of a trained head whose name and shape match."""
+    model.d2t.copy_(hot - torch.arange(hot.numel()))
+    model.lm_head.weight.copy_(target.lm_head.weight[hot].float())
+    model.norm.weight.copy_(target.norm.weight.float())
+    for layer in list(model.layers)[1:]:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    if init_from is not None:
+        own = model.state_dict()
+        src = normalize_names(read_tensors(safetensors_files(init_from)))
+        for name, t in src.items():
+            if name in own and own[name].shape == t.shape and name != "d2t":
+                own[name].copy_(t.float())
 
 
 def run_pipeline(args: argparse.Namespace) -> None:
@@ -93,8 +115,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
     cfg = draft_config(target.cfg, args.num_layers, not args.no_aux, args.draft_vocab)
     torch.manual_seed(args.seed)
     model = Eagle3Draft(cfg, 2048 + 64).float()
-    with torch.no_grad():
-        model.d2t.copy_(hot - torch.arange(args.draft_vocab))
+    init_head(model, target, hot, args.init_from)
     model.embed_tokens = target.embed_tokens  # shared and frozen (not saved in the head)
     model.embed_tokens.weight.requires_grad_(False)
     params = TrainParams(epochs=args.epochs, lr=args.lr, ttt_length=args.ttt_length,

@@ -30,7 +30,7 @@ from .features import Sample
 class TrainParams:
     epochs: float = 3.0
     lr: float = 1e-3
-    warmup_steps: int = 30
+    warmup_steps: int = 10
     tokens_per_batch: int = 8192
     ttt_length: int = 6
     step_decay: float = 0.8
@@ -157,7 +157,7 @@ def lr_at(step: int, total: int, params: TrainParams) -> float:
     if step < params.warmup_steps:
         return params.lr * (step + 1) / params.warmup_steps
     progress = (step - params.warmup_steps) / max(1, total - params.warmup_steps)
-    return params.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return params.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tensor,

@@ -1,0 +1,129 @@
+"""Issues 2 and 3 through the command line (`eagle_engine.cli.main`): bad input exits with code 2
+and one `error: ...` line naming the value; `generate` on the bundled SmolLM2 gives the same
+greedy tokens with and without speculation; `inspect-draft` prints a head's resolved config."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle_engine.cli import main
+from eagle_engine.config import TargetConfig
+from eagle_engine.models.loader import read_config
+from eagle_engine.models.target import TargetModel
+from tests.helpers import random_head, save_head
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI, expect exit code 2 and one `error:` line, last on stderr (after at most
+    `[startup]`-style progress lines); -> that line."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Traceback" not in "".join(lines)
+    assert all(line.startswith("[") for line in lines[:-1])
+    return lines[-1]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer, got 0"),
+    (["--max-new-tokens", "-5"], "got -5"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["--temperature", "-1"], "got -1.0"),
+    (["--top-p", "0.5"], "top_p=0.5"),
+    (["--temperature", "0.7", "--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    (["--topk", "2", "--num-steps", "2", "--num-draft-tokens", "10"],
+     "num_draft_tokens=10 exceeds what topk=2, num_steps=2 can hold: at most 7"),
+    (["--max-len", "8"], "max_len must be >= 16, got 8"),
+])
+def test_generate_bad_arguments(capsys: pytest.CaptureFixture[str], args: list[str],
+                                named: str) -> None:
+    assert named in fails(["generate", "--prompt", "hi", *args], capsys)
+
+
+def test_generate_missing_target(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    err = fails(["generate", "--prompt", "hi", "--no-spec", "--target", str(missing)], capsys)
+    assert str(missing) in err
+
+
+def test_generate_target_without_tokenizer(capsys: pytest.CaptureFixture[str],
+                                           tiny_target_dir: Path) -> None:
+    err = fails(["generate", "--prompt", "hi", "--no-spec", "--target", str(tiny_target_dir),
+                 "--dtype", "fp32", "--max-len", "64"], capsys)
+    assert str(tiny_target_dir) in err and "tokenizer" in err
+
+
+def test_generate_malformed_target_config(capsys: pytest.CaptureFixture[str],
+                                          tiny_target_dir: Path, tmp_path: Path) -> None:
+    broken = Path(shutil.copytree(tiny_target_dir, tmp_path / "broken"))
+    (broken / "config.json").write_text("{not json")
+    err = fails(["generate", "--prompt", "hi", "--no-spec", "--target", str(broken)], capsys)
+    assert "malformed JSON" in err and str(broken / "config.json") in err
+
+
+def test_generate_prompt_longer_than_context(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(["generate", "--prompt", "word " * 40, "--no-spec", "--max-len", "32",
+                 "--dtype", "fp32"], capsys)
+    assert "context window is 32" in err and "tokens" in err
+
+
+@pytest.fixture(scope="module")
+def bundled_head(bundled_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random head for SmolLM2 (3 aux states, reduced draft vocab of 2000)."""
+    cfg = TargetConfig.from_dict(read_config(bundled_dir))
+    return save_head(random_head(cfg, draft_vocab=2000), cfg,
+                     tmp_path_factory.mktemp("smol_head") / "head")
+
+
+def generate_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    return json.loads(lines[-1])
+
+
+def test_generate_speculative_equals_baseline(capsys: pytest.CaptureFixture[str],
+                                              bundled_head: Path) -> None:
+    common = ["generate", "--prompt", "Name three colors.", "--max-new-tokens", "12",
+              "--dtype", "fp32", "--max-len", "256", "--json"]
+    base = generate_json([*common, "--no-spec"], capsys)
+    spec = generate_json([*common, "--draft", str(bundled_head), "--topk", "4", "--num-steps",
+                          "3", "--num-draft-tokens", "12"], capsys)
+    assert base["mode"] == "ar" and spec["mode"] == "eagle" and spec["head"] == "head"
+    assert len(base["token_ids"]) == base["num_tokens"] > 0
+    assert spec["token_ids"] == base["token_ids"] and spec["text"] == base["text"]
+    assert spec["finished"] == base["finished"]
+
+
+def test_inspect_draft_cli(capsys: pytest.CaptureFixture[str], tiny_target: TargetModel,
+                           tiny_target_dir: Path, tmp_path: Path) -> None:
+    head = save_head(random_head(tiny_target.cfg, num_layers=2, num_aux=2, draft_vocab=30),
+                     tiny_target.cfg, tmp_path / "head")
+    assert main(["inspect-draft", str(head)]) == 0
+    out = capsys.readouterr().out
+    assert "layers: 2\n" in out and "num_aux: 2\n" in out
+    assert "aux layer ids (config, layer outputs): [1, 2]" in out
+    assert "aux layer ids (captured target layer inputs): [2, 3]" in out
+    assert "vocab: target 96, draft 30 (d2t: in checkpoint)" in out
+    assert "width EagleDraftExtendInput.hidden_size_for (target features): 64" in out
+    assert main(["inspect-draft", str(head), "--target", str(tiny_target_dir)]) == 0
+    assert "compatible" in capsys.readouterr().out
+    err = fails(["inspect-draft", str(head), "--target", "bundled"], capsys)
+    assert "vocab_size 96" in err and "49152" in err
+
+
+def test_inspect_draft_cli_errors(capsys: pytest.CaptureFixture[str], tiny_target: TargetModel,
+                                  tmp_path: Path) -> None:
+    assert str(tmp_path / "missing") in fails(["inspect-draft", str(tmp_path / "missing")],
+                                              capsys)
+    head = save_head(random_head(tiny_target.cfg), tiny_target.cfg, tmp_path / "head")
+    torch.save(load_file(head / "model.safetensors"), head / "pytorch_model.bin")
+    (head / "model.safetensors").unlink()
+    assert "--allow-pickle" in fails(["inspect-draft", str(head)], capsys)
+    assert main(["inspect-draft", str(head), "--allow-pickle"]) == 0
+    assert "weights: pytorch_model.bin" in capsys.readouterr().out

@@ -1,0 +1,200 @@
+"""The static-buffer (CUDA-graph) path against the dynamic path.
+
+On CPU the runners replay their static functions eagerly (GraphMode.STATIC): padding, copy-in
+and slice-out, whole-cache masks and index-written KV rows must give the eager phases' tokens
+exactly and their floats to rounding, phase by phase and through the whole engine. The graph
+tests proper (captured replay == eager for every shape and padding, no host sync under
+`torch.cuda.set_sync_debug_mode("error")`, graphs on by default) are marked `cuda` and skipped
+without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_engine import cuda_graph
+from eagle_engine.accept import extend
+from eagle_engine.config import EngineConfig, TreeParams
+from eagle_engine.cuda_graph import (
+    EAGER_PHASES,
+    CaptureHidden,
+    DecodeRunner,
+    GraphMode,
+    GraphPhases,
+    VerifyRunner,
+    decode,
+    graph_mode,
+)
+from eagle_engine.draft import draft
+from eagle_engine.io_struct import EagleDraftExtendInput, EagleVerifyInput
+from eagle_engine.kernels import reference
+from eagle_engine.kv_cache import causal_mask
+from eagle_engine.selfcheck import (
+    TINY_TREE,
+    IdTokenizer,
+    check_no_sync,
+    engine_pair,
+    engine_parity,
+    phase_parity,
+    prefill_both,
+    tiny_models,
+)
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+TREES = [TINY_TREE, TreeParams(1, 3, 4), TreeParams(8, 6, 32), TreeParams(2, 1, 3)]
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.inference_mode():
+        yield
+
+
+def failures(rows: list) -> list:
+    return [(r.check, r.detail) for r in rows if not r.ok]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
+                                             for t in TREES])
+def test_static_phases_equal_eager_phases(tree: TreeParams, dtype: torch.dtype) -> None:
+    target, head = tiny_models("cpu", dtype)
+    rows = phase_parity(target, head, tree, GraphMode.STATIC)
+    assert len(rows) == 5 and failures(rows) == []
+
+
+def test_extend_prepare_pads_copies_and_masks() -> None:
+    target, head = tiny_models("cpu")
+    runners = GraphPhases(target, target.new_cache(max_len=64), head, TINY_TREE, 96)
+    runner = runners.runners["extend"][1]
+    width = runner.buffers.hidden.shape[1]
+    for T in (2, 5, 1):  # grow to the full width, then shrink: stale rows must not survive
+        tokens = torch.arange(10, 10 + T)
+        hidden = torch.randn(T, width)
+        runner.replay_prepare(EagleDraftExtendInput(tokens, hidden, 30))
+        b, pad = runner.buffers, 5 - T
+        assert b.ids.tolist() == [0] * pad + tokens.tolist()
+        assert torch.equal(b.hidden[:pad], torch.zeros(pad, width))
+        assert torch.equal(b.hidden[pad:], hidden)
+        real_rows, pad_rows = list(range(30, 30 + T)), list(range(30 + T, 35))
+        assert b.cache_rows.tolist() == pad_rows + real_rows
+        assert torch.equal(b.positions, b.cache_rows)
+        assert torch.equal(b.mask, torch.arange(96)[None, :] <= b.cache_rows[:, None])
+        assert not b.mask[pad:, 30 + T:].any()  # no real row sees a pad row
+
+
+def test_verify_prepare_builds_whole_cache_tree_mask() -> None:
+    target, _ = tiny_models("cpu")
+    runner = VerifyRunner(target, target.new_cache(max_len=64), 6, ())
+    parents = torch.tensor([-1, 0, 0, 1, 2, 3])
+    depth, ancestors, retrieve = reference.build_tree_from_parents(parents, 3)
+    runner.replay_prepare(EagleVerifyInput(torch.arange(6) + 3, parents, depth, ancestors,
+                                           retrieve, 20))
+    b = runner.buffers
+    assert b.mask[:, :20].all() and not b.mask[:, 26:].any()
+    assert torch.equal(b.mask[:, 20:26], ancestors)
+    assert b.positions.tolist() == (20 + depth).tolist()
+    assert b.cache_rows.tolist() == list(range(20, 26))
+
+
+def test_decode_runner_equals_the_baseline_step() -> None:
+    target, _ = tiny_models("cpu")
+    eager_cache, static_cache = target.new_cache(max_len=64), target.new_cache(max_len=64)
+    runner = DecodeRunner(target, static_cache)
+    prompt = torch.arange(3, 13)
+    for cache in (eager_cache, static_cache):
+        out = target(prompt[None], torch.arange(10)[None], cache, 0, causal_mask(10, 0, "cpu"))
+    token = int(out.logits[0, -1].argmax())
+    for seq in range(10, 20):
+        want = decode(target, token, seq, eager_cache)
+        got = runner((token, seq))
+        assert torch.equal(want.argmax(), got.argmax())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        token = int(want.argmax())
+
+
+def test_fallback_to_eager_when_the_call_does_not_fit() -> None:
+    target, head = tiny_models("cpu")
+    K, S = TINY_TREE.topk, TINY_TREE.num_steps
+    runners = GraphPhases(target, target.new_cache(max_len=96), head, TINY_TREE, 96 + K * S)
+    state = prefill_both(target, head, (runners.runners["verify"][1].cache,),
+                         (runners.draft_cache,), K, seed=3)
+    long_ext = EagleDraftExtendInput(torch.arange(3, 3 + S + 2), torch.randn(
+        S + 2, runners.runners["extend"][1].buffers.hidden.shape[1]), state.seq_len)
+    assert not runners.runners["extend"][1].fits(long_ext)  # longer than num_steps + 1
+    eager_cache = head.new_cache(96 + K * S)
+    for layer, bound in zip(eager_cache.layers, runners.draft_cache.layers):
+        for t, b in zip(layer, bound):
+            t.copy_(b)
+    want = extend(head, long_ext, eager_cache, K)
+    got = runners.extend(head, long_ext, runners.draft_cache, K)
+    assert torch.equal(want.topk_p, got.topk_p) and torch.equal(want.hidden, got.hidden)
+    other = head.new_cache(96 + K * S)  # a cache the runners were not built on
+    assert runners._runner("draft", head, other, state) is None
+    assert runners._runner("draft", head, runners.draft_cache, state) is not None
+    head.lm_head.weight = torch.nn.Parameter(head.lm_head.weight.clone())  # rebound after capture
+    assert runners._runner("draft", head, runners.draft_cache, state) is None
+    tree = runners.draft(head, state, runners.draft_cache, TINY_TREE)
+    assert torch.equal(tree.tokens, draft(head, state, runners.draft_cache, TINY_TREE).tokens)
+
+
+def test_engine_static_path_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_graph, "graph_mode",
+                        lambda enabled, device: GraphMode.STATIC if enabled else GraphMode.EAGER)
+    target, head = tiny_models("cpu")
+    eager, static = engine_pair(target, IdTokenizer(), {"tiny": head},
+                                EngineConfig(dtype="fp32", max_len=192))
+    assert static.phases("tiny", TINY_TREE).mode is GraphMode.STATIC
+    assert eager.phases("tiny", TINY_TREE) is EAGER_PHASES
+    rows = engine_parity((eager, static), "tiny", list(range(3, 40)), TINY_TREE, 60)
+    assert len(rows) == 2 and failures(rows) == []
+
+
+def test_cpu_engine_keeps_the_eager_path() -> None:
+    assert graph_mode(True, torch.device("cpu")) is GraphMode.EAGER
+    assert graph_mode(True, torch.device("cuda")) is GraphMode.GRAPHS
+    assert graph_mode(False, torch.device("cuda")) is GraphMode.EAGER
+    target, head = tiny_models("cpu")
+    engine = engine_pair(target, IdTokenizer(), {"tiny": head}, EngineConfig(max_len=64))[1]
+    phases = engine.phases("tiny", TINY_TREE)
+    assert phases is EAGER_PHASES and phases.draft is draft and phases.draft_cache is None
+
+
+def test_capture_hidden_modes() -> None:
+    h = torch.arange(12.0).view(3, 4)
+    assert CaptureHidden.NONE.select(h) is None
+    assert torch.equal(CaptureHidden.LAST.select(h), h[-1])
+    assert torch.equal(CaptureHidden.FULL.select(h), h)
+    target, head = tiny_models("cpu")
+    runners = GraphPhases(target, target.new_cache(max_len=64), head, TINY_TREE, 96).runners
+    modes = {name: runner.capture_hidden for name, (_, runner) in runners.items()}
+    assert modes == {"verify": CaptureHidden.FULL, "draft": CaptureHidden.NONE,
+                     "extend": CaptureHidden.LAST}
+    verify_out = runners["verify"][1](runners["verify"][1].dummy_input())
+    assert verify_out.features.shape == (TINY_TREE.num_draft_tokens, 3 * 32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
+                                             for t in TREES])
+def test_graph_replay_equals_eager(tree: TreeParams, dtype: torch.dtype) -> None:
+    target, head = tiny_models("cuda", dtype)
+    assert failures(phase_parity(target, head, tree, GraphMode.GRAPHS)) == []
+
+
+@pytest.mark.cuda
+def test_no_host_sync_in_graphed_phases_and_kernels() -> None:
+    target, head = tiny_models("cuda")
+    row = check_no_sync(target, head, TINY_TREE)
+    assert row.ok, row.detail
+
+
+@pytest.mark.cuda
+def test_engine_uses_graphs_by_default_on_cuda_and_matches_eager() -> None:
+    target, head = tiny_models("cuda")
+    engines = engine_pair(target, IdTokenizer(), {"tiny": head},
+                          EngineConfig(dtype="fp32", device="cuda", max_len=192))
+    assert engines[1].phases("tiny", TINY_TREE).mode is GraphMode.GRAPHS
+    assert engines[1].phases(None, TINY_TREE).mode is GraphMode.GRAPHS
+    assert failures(engine_parity(engines, "tiny", list(range(3, 40)), TINY_TREE, 60)) == []
