@@ -6,9 +6,9 @@ padded to `num_steps + 1`, and the baseline's one-token decode), capture (larges
 one shared memory pool) and `Phases`: the callables a request uses, replaying a graph when the
 input fits its captured shape and calling the eager phase function otherwise. Static shapes come
 from writing KV rows by index and masking over the whole cache (`cache_rows` in
-`models/layers.py`). A runner built with `use_graph=False` replays its static function eagerly:
-that is how the CPU tests pin the static path to the dynamic one. The engine uses graphs only on
-CUDA. Not here: the phase math itself (draft / tree / verify / accept modules).
+`models/layers.py`). A runner that was never captured (GraphMode.STATIC) runs its static
+function eagerly on replay: that is how the CPU tests pin the static path to the dynamic one.
+The engine uses graphs only on CUDA. Not here: the phase math (draft / tree / verify / accept).
 """
 from __future__ import annotations
 
