@@ -253,8 +253,8 @@ def build_demo(engine: Any) -> gr.Blocks:
                                    api_visibility="private", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw)]
-        o["stop"].click(pg.stopped, o["history"], o["status"], cancels=runs, queue=False,
-                        api_name="stop")
+        o["stop"].click(None, None, None, cancels=runs, queue=False).then(
+            pg.stopped, o["history"], o["status"], queue=False, api_name="stop")
         o["clear"].click(pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
     return demo

@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python benchmarks/baseline_vs_transformers.py [--tokens 128] [--prompts 4]
 
-Runs the same chat prompts greedily through both, in fp32 and bf16, alternating per prompt,
-and prints tokens/s, the ratio of our best to transformers' best, the weight bytes read per
+Runs the same chat prompts greedily through both, in fp32 and bf16, alternating per prompt
+(ours with oneDNN-packed weights, the default on CPU, and with plain `F.linear`), and prints tokens/s, the ratio of our best to transformers' best, the weight bytes read per
 token against the machine's measured read bandwidth (the memory-bandwidth bound), and a profile
 of one decode step grouped by operator. Not a test: timings depend on the machine and its load.
 """
@@ -75,12 +75,15 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(directory)
     report: dict = {"threads": torch.get_num_threads(), "tokens": args.tokens}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        engine = EagleEngine.load(EngineConfig(drafts=(), dtype=dtype_name, max_len=2048))
+        engine, plain = (EagleEngine.load(EngineConfig(drafts=(), dtype=dtype_name, max_len=2048,
+                                                       packed_weights=packed))
+                         for packed in (True, False))
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
-        ours(engine, "Hi", 8), hf(model, tok, "Hi", 8)  # warm-up
-        speeds_ours, speeds_hf, same = [], [], 0
+        ours(engine, "Hi", 8), ours(plain, "Hi", 8), hf(model, tok, "Hi", 8)  # warm-up
+        speeds_ours, speeds_plain, speeds_hf, same = [], [], [], 0
         for prompt in PROMPTS[:args.prompts]:
             s_ours, ids_ours = ours(engine, prompt, args.tokens)
+            speeds_plain.append(ours(plain, prompt, args.tokens)[0])
             s_hf, ids_hf = hf(model, tok, prompt, args.tokens)
             speeds_ours.append(s_ours)
             speeds_hf.append(s_hf)
@@ -89,11 +92,12 @@ def main() -> None:
                       if n != "embed_tokens.weight" or engine.target.cfg.tie_word_embeddings)
         report[dtype_name] = {
             "ours_tok_s": round(sum(speeds_ours) / len(speeds_ours), 2),
+            "ours_plain_linear_tok_s": round(sum(speeds_plain) / len(speeds_plain), 2),
             "transformers_tok_s": round(sum(speeds_hf) / len(speeds_hf), 2),
             "greedy_identical": f"{same}/{len(speeds_ours)}",
             "weight_mb_per_token": round(weights / 1e6, 1),
             "profile_ms_per_step": profile_step(engine)}
-        del engine, model
+        del engine, plain, model
     bw = read_bandwidth_gbs()
     best_ours = max(report[d]["ours_tok_s"] for d in ("fp32", "bf16"))
     best_hf = max(report[d]["transformers_tok_s"] for d in ("fp32", "bf16"))

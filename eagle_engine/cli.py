@@ -27,6 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow loading pytorch_model.bin heads (unpickles)")
     p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--no-packed-weights", action="store_true",
+                   help="CPU: use plain F.linear instead of oneDNN-packed weights")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +43,8 @@ def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineCo
         drafts = (args.draft,)
     return EngineConfig(target=args.target, drafts=drafts if need_draft else (), dtype=args.dtype,
                         device=args.device, max_len=args.max_len,
-                        allow_pickle=args.allow_pickle, cuda_graphs=not args.no_cuda_graphs)
+                        allow_pickle=args.allow_pickle, cuda_graphs=not args.no_cuda_graphs,
+                        packed_weights=not args.no_packed_weights)
 
 
 def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily

@@ -276,7 +276,8 @@ class TreeParams:
 @dataclass(frozen=True)
 class EngineConfig:
     """What to load. `drafts` are names of bundled heads, directories or hub ids;
-    `max_len` caps the context (and sizes every cache and RoPE table)."""
+    `max_len` caps the context (and sizes every cache and RoPE table); `packed_weights` pre-packs
+    linear weights for oneDNN on CPU (`models/cpu_pack.py`)."""
 
     target: str = "bundled"
     drafts: tuple[str, ...] = ("bundled",)
@@ -285,6 +286,7 @@ class EngineConfig:
     max_len: int = 4096
     allow_pickle: bool = False
     cuda_graphs: bool = True
+    packed_weights: bool = True
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)

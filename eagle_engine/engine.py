@@ -24,6 +24,7 @@ from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import causal_mask
+from .models.cpu_pack import can_pack, pack_linears
 from .models.draft_io import load_draft
 from .models.draft_model import Eagle3Draft
 from .models.loader import load_target, load_tokenizer, resolve_target
@@ -91,6 +92,9 @@ class EagleEngine:
                                      target.embed_tokens, target.lm_head,
                                      config.max_len + 512, dtype, config.device,
                                      config.allow_pickle)
+        if config.packed_weights and can_pack(config.device, dtype):
+            for model in (target, *heads.values()):
+                pack_linears(model)
         engine = cls(target, tokenizer, heads, config)
         engine.load_times = {"resolve_s": t1 - t0, "load_s": time.perf_counter() - t1}
         log.info("engine ready: target %s, heads %s, %.1fs", directory, list(heads),

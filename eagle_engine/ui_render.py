@@ -1,9 +1,9 @@
 """What the playground draws from the engine's `StepEvent`s: HTML token spans (accepted draft,
 rejected draft, bonus and target tokens), the legend, stat tiles, the latest draft tree as SVG,
-per-phase timings, the per-step plot data, the EAGLE-vs-baseline comparison, and the mapping of
-the sidebar's values to an engine request (which loaded head an (aux, layers) choice means). Pure functions of plain data: no Gradio, no
-tensors. Every piece of model and user text is HTML-escaped here. Not here: decoding
-(`engine.py`) or Gradio wiring (`app.py`)."""
+per-phase timings, the per-step plot data and the EAGLE-vs-baseline comparison; plus the mapping
+of the sidebar's values to an engine request (which loaded head an (aux, layers) choice means).
+Pure functions of plain data: no Gradio, no tensors. Every piece of model and user text is
+HTML-escaped here. Not here: decoding (`engine.py`) or Gradio wiring (`app.py`)."""
 from __future__ import annotations
 
 import html
@@ -148,7 +148,8 @@ def timing_html(stats: dict[str, Any]) -> str:
     total = sum(phases.values())
     steps = max(int(stats.get("num_steps", 0)), 1)
     rows = "".join(
-        f'<tr><td>{html.escape(k)}</td><td>{1000 * v:.1f}</td><td>{1000 * v / steps:.2f}</td>'
+        f'<tr><td>{html.escape(k)}</td><td>{1000 * v:.1f}</td>'
+        f'<td>{"—" if k == "prefill" else f"{1000 * v / steps:.2f}"}</td>'
         f'<td><span class="bar" style="width:{100 * v / total:.0f}%"></span> '
         f'{100 * v / total:.0f}%</td></tr>' for k, v in phases.items())
     return ('<table class="timing"><thead><tr><th>phase</th><th>total ms</th><th>ms / step</th>'
@@ -239,7 +240,9 @@ def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool) -
     elif (diff := first_difference(spec.text, base.text)) is None:
         verdict = "✓ Greedy texts are identical (speculation is lossless)."
     else:
-        verdict = f"✗ Greedy texts differ from character {diff}."
+        verdict = (f"✗ Greedy texts differ from character {diff}. In bf16/fp16, verifying "
+                   "several tokens at once rounds differently from one-token decoding, so "
+                   "near-tied tokens can flip; in fp32 the texts match.")
     return (f'<div class="compare"><div class="compare-verdict">{html.escape(verdict)}</div>'
             f'<div class="compare-cols">{column("EAGLE-3", spec, "compare-eagle")}'
             f'{column("Baseline (target only)", base, "compare-base")}</div></div>')
