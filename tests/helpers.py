@@ -82,7 +82,9 @@ def save_head(model: Eagle3Draft, target_cfg: TargetConfig, directory: Path) -> 
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(export_state(model), str(directory / "model.safetensors"))
+    state = export_state(model)
+    state.pop("embed_tokens.weight")  # random heads draft with the target's embedding
+    save_file(state, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(draft_config_dict(model.cfg, target_cfg,
                                                                         1024)))
     return directory

@@ -115,7 +115,7 @@ def load_draft(spec: str | Path, target_cfg: TargetConfig, target_embed: torch.n
         sd["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
     load_state(model, sd, dtype, device, str(directory))
     if sd["embed_tokens.weight"] is target_embed.weight:
-        model.embed_tokens = target_embed
+        model.share_embedding(target_embed)
     model.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling).to(device)
     hot = model.hot_ids
     if hot.min() < 0 or hot.max() >= cfg.vocab_size or hot.unique().numel() != hot.numel():
@@ -124,12 +124,13 @@ def load_draft(spec: str | Path, target_cfg: TargetConfig, target_embed: torch.n
 
 
 def export_state(model: Eagle3Draft) -> dict[str, torch.Tensor]:
-    """Our module -> standard checkpoint tensors (unfused, `midlayer.` for one layer)."""
+    """Our module -> standard checkpoint tensors (unfused, `midlayer.` for one layer). The
+    embedding is written only when the head has its own (not shared with the target)."""
     cfg = model.cfg
     out: dict[str, torch.Tensor] = {}
     q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     for name, t in model.state_dict().items():
-        if name.startswith("embed_tokens.") or name == "d2t":
+        if name.startswith("embed_tokens.") and model.embedding_shared or name == "d2t":
             continue
         if cfg.num_layers == 1:
             name = name.replace("layers.0.", "midlayer.")

@@ -53,6 +53,7 @@ class Eagle3Draft(nn.Module):
         self.cfg = cfg
         self.max_len = max_len
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embedding_shared = False  # True once `share_embedding` uses the target's own
         if cfg.use_aux_hidden_state:
             width = cfg.num_aux * cfg.target_hidden_size
             self.fc = nn.Linear(width, cfg.hidden_size, bias=cfg.fc_bias)
@@ -69,6 +70,12 @@ class Eagle3Draft(nn.Module):
     def hot_ids(self) -> torch.Tensor:
         """[Vd] target id of each draft id."""
         return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def share_embedding(self, target_embed: nn.Embedding) -> None:
+        """Use the target's embedding module (the common case: checkpoints omit it, and a
+        saved head then omits it too)."""
+        self.embed_tokens = target_embed
+        self.embedding_shared = True
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.cfg

@@ -116,7 +116,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     model = Eagle3Draft(cfg, 2048 + 64).float()
     init_head(model, target, hot, args.init_from)
-    model.embed_tokens = target.embed_tokens  # shared and frozen (not saved in the head)
+    model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
     model.embed_tokens.weight.requires_grad_(False)
     params = TrainParams(epochs=args.epochs, lr=args.lr, ttt_length=args.ttt_length,
                          tokens_per_batch=args.tokens_per_batch, seed=args.seed,

@@ -209,14 +209,14 @@ def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tenso
                 budget = int(params.max_minutes * 60 / per_step)
                 total_steps = max(4, min(total_steps, budget))
                 bar.total = total_steps
-            row = {"step": step, "epoch": epoch, "loss": float(loss), "step_loss": losses,
+            row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "step_loss": losses,
                    "step_acc": accs, "lr": opt.param_groups[0]["lr"],
                    "tokens": int(batch.valid.sum()), "wall_s": time.perf_counter() - t0}
             log.append(row)
             with log_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}")
+            bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{accs[0]:.3f}")
             if step % 50 == 0 or step == total_steps:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                             "total_steps": total_steps}, ckpt)
