@@ -17,9 +17,9 @@ from safetensors import safe_open
 
 from .config import ConfigError, DraftConfig, TargetConfig
 from .io_struct import EagleDraftExtendInput, EagleDraftInput
-from .models.draft_io import IGNORED, normalize_names, resolve_draft
+from .models.draft_io import IGNORED, normalize_names, resolve_draft, weight_files
 from .models.draft_model import Eagle3Draft
-from .models.loader import read_config, resolve_target, safetensors_files
+from .models.loader import read_config, resolve_target
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                       "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
@@ -31,27 +31,21 @@ FROM_TARGET = {"embed_tokens.weight", "lm_head.weight", "d2t"}  # optional in a 
 def read_tensor_headers(directory: Path, allow_pickle: bool
                         ) -> tuple[str, dict[str, torch.Tensor]]:
     """-> (weights file names, name -> meta tensor with the stored shape and dtype)."""
-    if (directory / "model.safetensors").is_file() or (
-            directory / "model.safetensors.index.json").is_file():
-        files = safetensors_files(directory)
-        out: dict[str, torch.Tensor] = {}
-        for f in files:
-            try:
-                with safe_open(str(f), framework="pt") as sf:
-                    for name in sf.keys():
-                        info = sf.get_slice(name)
-                        dtype = SAFETENSORS_DTYPES.get(info.get_dtype(), torch.float32)
-                        out[name] = torch.empty(info.get_shape(), dtype=dtype, device="meta")
-            except Exception as e:  # noqa: BLE001 - safetensors raises several error types
-                raise ConfigError(f"{f}: cannot read safetensors file ({e})") from e
-        return ", ".join(f.name for f in files), out
-    binary = directory / "pytorch_model.bin"
-    if not binary.is_file():
-        raise ConfigError(f"{directory}: no model.safetensors or pytorch_model.bin")
-    if not allow_pickle:
-        raise ConfigError(f"{directory}: only pytorch_model.bin found; loading it unpickles "
-                          "arbitrary code, pass allow_pickle=True (--allow-pickle) to accept")
-    return binary.name, torch.load(binary, map_location="meta", weights_only=True)
+    files = weight_files(directory, allow_pickle)
+    names = ", ".join(f.name for f in files)
+    if files[0].suffix == ".bin":
+        return names, torch.load(files[0], map_location="meta", weights_only=True)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    info = sf.get_slice(name)
+                    dtype = SAFETENSORS_DTYPES.get(info.get_dtype(), torch.float32)
+                    out[name] = torch.empty(info.get_shape(), dtype=dtype, device="meta")
+        except Exception as e:  # noqa: BLE001 - safetensors raises several error types
+            raise ConfigError(f"{f}: cannot read safetensors file ({e})") from e
+    return names, out
 
 
 def naming_convention(names: list[str]) -> str:

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DraftConfig, TargetConfig
 from .draft_model import Eagle3Draft
 from .layers import Rope
-from .loader import fuse_rows, load_state, read_config, read_tensors
+from .loader import fuse_rows, load_state, read_config, read_tensors, safetensors_files
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,21 @@ def normalize_names(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def weight_files(directory: Path, allow_pickle: bool) -> list[Path]:
+    """A head's weights: its safetensors files (single or sharded), else `pytorch_model.bin`,
+    which is unpickled only with `allow_pickle`."""
+    if (directory / "model.safetensors").is_file() or (
+            directory / "model.safetensors.index.json").is_file():
+        return safetensors_files(directory)
+    binary = directory / "pytorch_model.bin"
+    if not binary.is_file():
+        raise ConfigError(f"{directory}: no model.safetensors or pytorch_model.bin")
+    if not allow_pickle:
+        raise ConfigError(f"{directory}: only pytorch_model.bin found; loading it unpickles "
+                          "arbitrary code, pass allow_pickle=True (--allow-pickle) to accept")
+    return [binary]
+
+
 def load_draft(spec: str | Path, target_cfg: TargetConfig, target_embed: torch.nn.Embedding,
                target_lm_head: torch.nn.Linear, max_len: int, dtype: torch.dtype,
                device: str | torch.device = "cpu", allow_pickle: bool = False) -> Eagle3Draft:
@@ -84,19 +99,9 @@ def load_draft(spec: str | Path, target_cfg: TargetConfig, target_embed: torch.n
     directory = resolve_draft(spec)
     cfg = DraftConfig.from_dict(read_config(directory), str(directory / "config.json"))
     cfg.check_target(target_cfg)
-    st = directory / "model.safetensors"
-    binary = directory / "pytorch_model.bin"
-    if st.is_file() or (directory / "model.safetensors.index.json").is_file():
-        from .loader import safetensors_files
-
-        raw = read_tensors(safetensors_files(directory))
-    elif binary.is_file():
-        if not allow_pickle:
-            raise ConfigError(f"{directory}: only pytorch_model.bin found; loading it unpickles "
-                              "arbitrary code, pass allow_pickle=True (--allow-pickle) to accept")
-        raw = torch.load(binary, map_location="cpu", weights_only=True)
-    else:
-        raise ConfigError(f"{directory}: no model.safetensors or pytorch_model.bin")
+    files = weight_files(directory, allow_pickle)
+    raw = (torch.load(files[0], map_location="cpu", weights_only=True)
+           if files[0].suffix == ".bin" else read_tensors(files))
     sd = normalize_names(raw)
     with torch.device("meta"):
         model = Eagle3Draft(cfg, max_len)
