@@ -59,7 +59,7 @@ class EagleVerifyInput:
     parents: torch.Tensor  # [N] int64 node index of the parent, -1 for the root
     depth: torch.Tensor  # [N] int64, 0 for the root
     ancestors: torch.Tensor  # [N, N] bool, [i, j] = j is an ancestor-or-self of i
-    retrieve_indices: torch.Tensor  # [N, num_steps+1] int64 root->node path per node, -1 pad
+    retrieve_indices: torch.Tensor  # [N, min(N, num_steps+1)] int64 root->node path, -1 pad
     seq_len: int  # cache row / position of the root
 
     @property

@@ -8,8 +8,8 @@ import torch
 def build_tree_from_parents(parents: torch.Tensor, max_depth: int
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """parents [N] (-1 for the root, parent index < child index) ->
-    depth [N] int64, ancestors [N, N] bool (ancestor-or-self), retrieve [N, max_depth+1] int64
-    (root->node path of node indices, -1 padded)."""
+    depth [N] int64, ancestors [N, N] bool (ancestor-or-self), retrieve [N, min(N, max_depth+1)]
+    int64 (root->node path of node indices, -1 padded)."""
     N = parents.numel()
     dev = parents.device
     eye = torch.eye(N, dtype=torch.bool, device=dev)

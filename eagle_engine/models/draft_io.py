@@ -157,8 +157,9 @@ def export_state(model: Eagle3Draft) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
 
-def draft_config_dict(cfg: DraftConfig, target: TargetConfig, max_len: int) -> dict:
-    """The HF EAGLE-3 config.json for a head we trained."""
+def draft_config_dict(cfg: DraftConfig, target: TargetConfig, max_len: int,
+                      dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The HF EAGLE-3 config.json for a head we trained, stored in `dtype`."""
     aux = cfg.resolve_aux_layer_ids(target)
     return {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
@@ -169,7 +170,8 @@ def draft_config_dict(cfg: DraftConfig, target: TargetConfig, max_len: int) -> d
         "rope_scaling": cfg.rope_scaling, "attention_bias": cfg.attention_bias,
         "max_position_embeddings": max_len, "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bias": cfg.fc_bias,
+        "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
+        "bias": cfg.fc_bias,
         "fc_norm": cfg.fc_norm,
         "eagle_config": {"use_aux_hidden_state": cfg.use_aux_hidden_state,
                          **({"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux]}
@@ -183,5 +185,5 @@ def save_draft(model: Eagle3Draft, target: TargetConfig, out_dir: Path, max_len:
     state = {k: (v.to(dtype) if v.is_floating_point() else v)
              for k, v in export_state(model).items()}
     save_file(state, str(out_dir / "model.safetensors"))
-    cfg = draft_config_dict(model.cfg, target, max_len)
+    cfg = draft_config_dict(model.cfg, target, max_len, dtype)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
