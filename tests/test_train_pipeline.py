@@ -11,7 +11,11 @@ import torch
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
+from eagle_engine.models.draft_io import save_draft
+from eagle_engine.models.loader import load_target
+from eagle_engine.train.pipeline import init_head
 from eagle_engine.train.trainer import ttt_attention
+from tests.helpers import make_hf_target, random_head
 
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
 
@@ -54,3 +58,19 @@ def test_ttt_attention_matches_explicit_mask() -> None:
                                                                for v in values[1:]])
                 w = torch.softmax(ks @ q[b, h, t] / d ** 0.5, 0)
                 torch.testing.assert_close(out[b, h, t], w @ vs, rtol=1e-5, atol=1e-5)
+
+
+def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path) -> None:
+    """`--init-from` copies a trained head's tensors; its lm_head rows are indexed by draft id,
+    so they are copied only when the draft vocabulary (d2t) is the same."""
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 128)
+    source = random_head(target.cfg, seed=3, draft_vocab=32)
+    save_draft(source, target.cfg, tmp_path / "src", 128, dtype=torch.float32)
+    for hot, same in ((source.hot_ids, True), (torch.arange(32), False)):
+        model = random_head(target.cfg, seed=4, draft_vocab=32).train()
+        init_head(model, target, hot, tmp_path / "src")
+        torch.testing.assert_close(model.layers[0].mlp.down_proj.weight,
+                                   source.layers[0].mlp.down_proj.weight)
+        expected = source.lm_head.weight if same else target.lm_head.weight[hot]
+        torch.testing.assert_close(model.lm_head.weight, expected)
+        assert torch.equal(model.hot_ids, hot)

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
 import torch
 
 from ..config import DraftConfig, parse_dtype
-from ..models.draft_io import normalize_names, save_draft
+from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
-from ..models.loader import (load_target, load_tokenizer, read_tensors, resolve_target,
-                             safetensors_files)
+from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
 from .data import generate_responses, select_prompts
 from .features import extract, load_samples, read_rows
 from .trainer import TrainParams, train
 from .vocab import coverage_table, select_vocab, token_counts
 
+log = logging.getLogger(__name__)
 VOCAB_SIZES = [1024, 2048, 4096, 8192, 16384, 32768]
 
 
@@ -77,19 +78,25 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int) -> Draf
 def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | None) -> None:  # noqa: ANN001
     """lm_head rows and final norm start as the target's own (so the head starts in the target's
     output space), residual branches of extra layers start at zero (identity), and `init_from`
-    copies every tensor of a trained head whose name and shape match."""
+    copies every tensor of a trained head whose name and shape match; its lm_head only when its
+    draft vocabulary (`d2t`) is ours, since lm_head rows are indexed by draft id."""
     model.d2t.copy_(hot - torch.arange(hot.numel()))
     model.lm_head.weight.copy_(target.lm_head.weight[hot].float())
     model.norm.weight.copy_(target.norm.weight.float())
     for layer in list(model.layers)[1:]:
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
-    if init_from is not None:
-        own = model.state_dict()
-        src = normalize_names(read_tensors(safetensors_files(init_from)))
-        for name, t in src.items():
-            if name in own and own[name].shape == t.shape and name != "d2t":
-                own[name].copy_(t.float())
+    if init_from is None:
+        return
+    own = model.state_dict()
+    src = normalize_names(read_tensors(weight_files(init_from, allow_pickle=False)))
+    src_d2t = src.pop("d2t", torch.zeros_like(model.d2t))
+    if not torch.equal(src_d2t, model.d2t):
+        log.warning("%s has another draft vocabulary: its lm_head is not copied", init_from)
+        src.pop("lm_head.weight", None)
+    for name, t in src.items():
+        if name in own and own[name].shape == t.shape:
+            own[name].copy_(t.float())
 
 
 def run_pipeline(args: argparse.Namespace) -> None:
