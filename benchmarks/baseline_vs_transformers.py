@@ -4,8 +4,9 @@
 
 Runs the same chat prompts greedily through both, in fp32 and bf16, alternating per prompt
 (ours with oneDNN-packed weights, the default on CPU, and with plain `F.linear`), and prints
-tokens/s, the ratio of our best to transformers' best, the weight bytes read per token against the machine's measured read bandwidth (the memory-bandwidth bound), and a profile
-of one decode step grouped by operator. Not a test: timings depend on the machine and its load.
+tokens/s, the ratio of our best to transformers' best, the weight bytes read per token against
+the machine's measured read bandwidth (the memory-bandwidth bound), and a profile of one decode
+step grouped by operator. Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
