@@ -111,19 +111,21 @@ def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreePa
     return totals
 
 
+@torch.inference_mode()
 def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 5) -> dict:  # noqa: ANN001
-    """Median time of a target forward of N tokens after `context` tokens, relative to N=1,
+    """Median (of `repeats`, after 3 warm-up runs, in inference mode like the engine) time of a
+    target forward of N tokens after `context` tokens, relative to N=1,
     and of one draft decode step with K tokens relative to one target token."""
     target, dev = engine.target, engine.target.device
     cache = engine.cache
 
-    def timed(fn) -> float:  # noqa: ANN001
+    def timed(fn, warmup: int = 3) -> float:  # noqa: ANN001
         times = []
-        for _ in range(repeats + 1):
+        for _ in range(warmup + repeats):
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return sorted(times[1:])[len(times[1:]) // 2]
+        return sorted(times[warmup:])[repeats // 2]
 
     def target_fwd(n: int) -> None:
         ids = torch.zeros(1, n, dtype=torch.long, device=dev)

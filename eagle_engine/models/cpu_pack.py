@@ -1,10 +1,9 @@
 """CPU inference layout for linear layers: weights pre-packed into oneDNN's blocked format.
 
-On CPU, `F.linear` with a plain row-major bf16 weight runs a one-token product (decode) far
-below memory bandwidth; the same product on a weight reordered once by oneDNN for that shape
-reads it about 1.6x faster (measured on the 2-core AVX-512 machine this project targets: the
-30 layers of SmolLM2-135M in 9.3 vs 14.7 ms, its lm_head in 1.6 vs 3.0 ms) and is no slower
-for many tokens (prefill, tree verify). `pack_linears` swaps every `nn.Linear` of a loaded
+On CPU, `F.linear` with a plain row-major weight runs a one-token product (decode) far below
+memory bandwidth; the same product on a weight reordered once by oneDNN reads it much faster
+and is no slower for many tokens (prefill, tree verify). `benchmarks/baseline_vs_transformers.py`
+measures the whole decode with and without packing (README, "Baseline decoding"). `pack_linears` swaps every `nn.Linear` of a loaded
 model for a `PackedLinear` that keeps the dense weight (shared tensors such as a tied lm_head
 stay shared; checkpoint IO and dtype/device queries keep working) and adds the packed copy.
 Results equal `F.linear` up to float summation order. Not here: loading weights (`loader.py`).
