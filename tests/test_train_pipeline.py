@@ -15,7 +15,7 @@ from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.train.pipeline import init_head
 from eagle_engine.train.trainer import ttt_attention
-from tests.helpers import make_hf_target, random_head
+from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
 
@@ -31,7 +31,7 @@ def test_quick_pipeline(tmp_path: Path) -> None:
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert log and all(len(r["step_acc"]) == 3 for r in log)
     rows = (work / "responses.jsonl").read_text().splitlines()
-    assert len(rows) == 6
+    assert len(rows) == 12  # 6 prompts, one extra sampled answer each
     engine = EagleEngine.load(EngineConfig(drafts=(str(out),), dtype="fp32", max_len=512))
     prompt = engine.encode("Name three colors.")
     params = SamplingParams(max_new_tokens=16)
@@ -74,3 +74,32 @@ def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path)
         expected = source.lm_head.weight if same else target.lm_head.weight[hot]
         torch.testing.assert_close(model.lm_head.weight, expected)
         assert torch.equal(model.hot_ids, hot)
+
+
+def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
+        tmp_path: Path) -> None:
+    """Raising `samples_per_prompt` appends sampled answers `{id}#{j}` without regenerating the
+    existing ones, and feature extraction rewrites a shard that now holds more rows."""
+    from eagle_engine.train.data import generate_responses, select_prompts
+    from eagle_engine.train.features import extract, load_samples, read_rows
+
+    target = load_target(make_hf_target(tmp_path / "t", weight_scale=1.0, vocab_size=300),
+                         torch.float32, "cpu", 256)  # vocab covers ByteTokenizer's ids
+    prompts = select_prompts(DATA, 3, seed=0)
+    out = tmp_path / "responses.jsonl"
+    args = dict(max_new_tokens=5, batch_size=4, sampled_share=0.0, seed=0)
+    generate_responses(target, ByteTokenizer(), prompts, out, samples_per_prompt=1, **args)
+    first = read_rows(out)
+    assert [r["temperature"] for r in first] == [0.0] * 3
+    shards = extract(target, first, (1, 4, 6), tmp_path / "features", shard_size=4)
+    assert len(load_samples(shards)) == 3
+    generate_responses(target, ByteTokenizer(), prompts, out, samples_per_prompt=3, **args)
+    rows = read_rows(out)
+    assert rows[:3] == first
+    assert sorted(r["id"] for r in rows[3:]) == sorted(f"{p['id']}#{j}" for p in prompts
+                                                       for j in (1, 2))
+    assert all(r["temperature"] == 0.7 for r in rows[3:])
+    shards = extract(target, rows, (1, 4, 6), tmp_path / "features", shard_size=4)
+    samples = load_samples(shards)
+    assert [s.ids.tolist() for s in samples] == [r["prompt_ids"] + r["response_ids"]
+                                                 for r in rows]

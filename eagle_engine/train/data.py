@@ -1,7 +1,9 @@
 """Stage 1: self-distillation data. Samples prompts from a prompt file (mixed by source so that
 GSM8K does not dominate) and has the target answer them with its own chat template, in batches of
-similar length, mostly greedy with a share of sampled answers. Appends to a JSONL file and skips
-prompts already answered, so an interrupted run resumes. Not here: features or training."""
+similar length, mostly greedy with a share of sampled answers; `samples_per_prompt` > 1 adds
+sampled answers to the same prompts (ids `{id}#{j}`), new contexts without new prompts. Appends to a
+JSONL file and skips answers already written, so an interrupted run resumes (and a larger
+`samples_per_prompt` only generates the new answers). Not here: features or training."""
 from __future__ import annotations
 
 import json
@@ -41,8 +43,9 @@ def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -
 
 def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], out_path: Path,
                        max_new_tokens: int, batch_size: int, sampled_share: float, seed: int,
-                       max_prompt_tokens: int = 512) -> None:
-    """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`."""
+                       samples_per_prompt: int = 1, max_prompt_tokens: int = 512) -> None:
+    """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`. The first
+    answer to a prompt is sampled with probability `sampled_share`, every further one always."""
     done = set()
     if out_path.exists():
         done = {json.loads(l)["id"] for l in out_path.read_text().split("\n") if l.strip()}
@@ -50,9 +53,13 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
     rng = random.Random(seed)
     for row in prompts:
         ids = encode_chat(tokenizer, [{"role": "user", "content": row["turns"][0]}])
-        temp = 0.7 if rng.random() < sampled_share else 0.0
-        if row["id"] not in done and len(ids) <= max_prompt_tokens:
-            todo.append((temp, len(ids), row, ids))
+        first_temp = 0.7 if rng.random() < sampled_share else 0.0
+        if len(ids) > max_prompt_tokens:
+            continue
+        for j in range(samples_per_prompt):
+            rid = row["id"] if j == 0 else f"{row['id']}#{j}"
+            if rid not in done:
+                todo.append((first_temp if j == 0 else 0.7, len(ids), rid, row, ids))
     todo.sort(key=lambda t: (t[0], t[1]))  # batch by mode, then by prompt length
     eos = tuple(tokenizer.convert_tokens_to_ids([tokenizer.eos_token]))
     gen = torch.Generator().manual_seed(seed)
@@ -62,9 +69,9 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
             temp = chunk[0][0]
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp,
                                     top_p=0.95 if temp else 1.0)
-            outs = generate_batch(model, [c[3] for c in chunk], params, eos, gen)
-            for (t, _, row, ids), resp in zip(chunk, outs):
-                f.write(json.dumps({"id": row["id"], "source": row["source"], "prompt_ids": ids,
+            outs = generate_batch(model, [c[4] for c in chunk], params, eos, gen)
+            for (t, _, rid, row, ids), resp in zip(chunk, outs):
+                f.write(json.dumps({"id": rid, "source": row["source"], "prompt_ids": ids,
                                     "response_ids": resp + list(eos[:1]),
                                     "temperature": t}) + "\n")
             f.flush()

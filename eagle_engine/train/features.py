@@ -36,16 +36,18 @@ def read_rows(path: Path) -> list[dict]:
 @torch.inference_mode()
 def extract(model: TargetModel, rows: list[dict], aux_ids: tuple[int, ...], out_dir: Path,
             shard_size: int = 128, max_tokens: int = 1024) -> list[Path]:
-    """Write shards `features_{i:04d}.pt` (lists of Sample dicts); returns all shard paths."""
+    """Write shards `features_{i:04d}_{rows}.pt` (lists of Sample dicts); returns all shard paths.
+    The row count in the name makes a shard written before more rows arrived get rewritten."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = []
     for start in tqdm(range(0, len(rows), shard_size), desc="target features"):
-        path = out_dir / f"features_{start // shard_size:04d}.pt"
+        chunk = rows[start:start + shard_size]
+        path = out_dir / f"features_{start // shard_size:04d}_{len(chunk)}.pt"
         shards.append(path)
         if path.exists():
             continue
         samples = []
-        for row in rows[start:start + shard_size]:
+        for row in chunk:
             ids = (row["prompt_ids"] + row["response_ids"])[:max_tokens]
             T = len(ids)
             x = torch.tensor([ids], device=model.device)

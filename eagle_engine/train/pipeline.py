@@ -40,6 +40,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--batch-size", type=int, default=48, help="generation batch size")
     p.add_argument("--sampled-share", type=float, default=0.15)
+    p.add_argument("--samples-per-prompt", type=int, default=2,
+                   help="answers per prompt; all but the first are sampled")
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--no-aux", action="store_true", help="EAGLE-1/2 style input (final hidden)")
     p.add_argument("--draft-vocab", type=int, default=8192)
@@ -112,8 +114,9 @@ def run_pipeline(args: argparse.Namespace) -> None:
     if not (args.no_generate and responses.exists()):
         prompts = select_prompts(args.prompts, args.limit, args.seed)
         generate_responses(target, tokenizer, prompts, responses, args.max_new_tokens,
-                           args.batch_size, args.sampled_share, args.seed)
-    rows = read_rows(responses)[:args.limit]
+                           args.batch_size, args.sampled_share, args.seed,
+                           args.samples_per_prompt)
+    rows = read_rows(responses)[:args.limit * args.samples_per_prompt]
     aux_ids = target.cfg.default_aux_layer_ids()
     shards = extract(target, rows, aux_ids, work / "features")
     counts = token_counts([r["response_ids"] for r in rows])
