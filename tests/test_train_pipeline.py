@@ -13,7 +13,7 @@ from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.loader import load_target
-from eagle_engine.train.pipeline import init_head
+from eagle_engine.train.pipeline import inherited_vocab, init_head
 from eagle_engine.train.trainer import ttt_attention
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
@@ -74,6 +74,9 @@ def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path)
         expected = source.lm_head.weight if same else target.lm_head.weight[hot]
         torch.testing.assert_close(model.lm_head.weight, expected)
         assert torch.equal(model.hot_ids, hot)
+    # a warm start of the same size keeps the source's vocabulary; another size selects anew
+    assert torch.equal(inherited_vocab(tmp_path / "src", torch.arange(32)), source.hot_ids)
+    assert torch.equal(inherited_vocab(tmp_path / "src", torch.arange(16)), torch.arange(16))
 
 
 def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(

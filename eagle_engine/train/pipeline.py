@@ -76,6 +76,17 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int) -> Draf
         "target_hidden_size": t.hidden_size, "eagle_config": {"use_aux_hidden_state": use_aux}})
 
 
+def inherited_vocab(init_from: Path, hot: torch.Tensor) -> torch.Tensor:
+    """A warm start keeps the trained head's draft vocabulary when it has the requested size
+    (its lm_head rows are indexed by draft id); otherwise the vocabulary selected from the data."""
+    src = normalize_names(read_tensors(weight_files(init_from, allow_pickle=False)))
+    d2t = src.get("d2t")
+    if d2t is None or d2t.numel() != hot.numel():
+        return hot
+    log.info("keeping the draft vocabulary of %s", init_from)
+    return torch.arange(d2t.numel()) + d2t.long()
+
+
 @torch.no_grad()
 def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | None) -> None:  # noqa: ANN001
     """lm_head rows and final norm start as the target's own (so the head starts in the target's
@@ -122,6 +133,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
     counts = token_counts([r["response_ids"] for r in rows])
     coverage = coverage_table(counts, VOCAB_SIZES)
     hot = select_vocab(counts, args.draft_vocab, target.cfg.vocab_size)
+    if args.init_from is not None:
+        hot = inherited_vocab(args.init_from, hot)
     cfg = draft_config(target.cfg, args.num_layers, not args.no_aux, args.draft_vocab)
     torch.manual_seed(args.seed)
     model = Eagle3Draft(cfg, 2048 + 64).float()
