@@ -238,3 +238,25 @@ def test_sample_from_matches_probs_and_skips_zeros() -> None:
 def test_greedy_ties_take_the_first_index() -> None:
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 5.0, 5.0, 5.0]])
     assert next_token(logits, SamplingParams(), None).tolist() == [1, 0]
+
+
+def test_top_p_filter_equals_full_sort() -> None:
+    """The partial-sort nucleus equals a full descending sort, peaked or flat (fallback path),
+    one row or many, including rows that need different candidate counts."""
+    from eagle_engine.sampling import top_p_filter
+
+    def full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+        p, order = torch.sort(probs, dim=-1, descending=True)
+        p = p.masked_fill(p.cumsum(-1) - p >= top_p, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, p)
+
+    torch.manual_seed(0)
+    for scale in (0.3, 2.0, 8.0):
+        for rows in (1, 5):
+            probs = (torch.randn(rows, 3000) * scale).softmax(-1)
+            for top_p in (0.5, 0.9, 0.99):
+                torch.testing.assert_close(top_p_filter(probs, top_p, first=8),
+                                           full_sort(probs, top_p), rtol=0, atol=0)
+    mixed = torch.stack([(torch.randn(3000) * s).softmax(-1) for s in (0.1, 10.0)])
+    torch.testing.assert_close(top_p_filter(mixed, 0.9, first=4), full_sort(mixed, 0.9),
+                               rtol=0, atol=0)
