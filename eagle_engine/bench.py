@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import add_engine_args, add_tree_args, engine_config
+from .cli import add_engine_args, add_sampling_args, add_tree_args, engine_config
 from .config import ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
 
@@ -68,6 +68,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     add_engine_args(p)
     add_tree_args(p)
+    add_sampling_args(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -161,7 +162,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if bad:
         raise ConfigError(f"unknown modes {bad}; use ar and/or eagle")
     engine = EagleEngine.load(engine_config(args, need_draft="eagle" in modes))
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
     heads = args.heads.split(",") if args.heads else [pick_head(engine, args.draft)] if (
         "eagle" in modes) else []
@@ -172,8 +174,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
             runs.append((f"eagle[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", h, t))
     engine.generate(engine.encode("Hello"), SamplingParams(max_new_tokens=8))  # warm-up
     report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": args.dtype,
-                    "max_new_tokens": args.max_new_tokens, "torch_threads":
-                    torch.get_num_threads()}
+                    "max_new_tokens": args.max_new_tokens, "sampling": {
+                        "temperature": args.temperature, "top_p": args.top_p,
+                        "top_k": args.top_k, "seed": args.seed},
+                    "torch_threads": torch.get_num_threads()}
     if args.costs:
         report["costs"] = measure_costs(engine, heads[0] if heads else None)
         print(json.dumps(report["costs"]), flush=True)

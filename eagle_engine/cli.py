@@ -59,6 +59,13 @@ def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported
     return key if key in engine.heads else next(iter(engine.heads))
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from .engine import EagleEngine
 
@@ -108,10 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_args(g)
     g.add_argument("--no-spec", action="store_true", help="baseline: target only")
     g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    add_sampling_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="one JSON object per line")
     g.add_argument("--events", action="store_true", help="with --json: one line per step")

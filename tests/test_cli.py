@@ -127,3 +127,32 @@ def test_inspect_draft_cli_errors(capsys: pytest.CaptureFixture[str], tiny_targe
     assert "--allow-pickle" in fails(["inspect-draft", str(head)], capsys)
     assert main(["inspect-draft", str(head), "--allow-pickle"]) == 0
     assert "weights: pytorch_model.bin" in capsys.readouterr().out
+
+
+def test_bench_reports_modes_and_runs_turns_as_conversations(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`bench` on the bundled target and default head: both modes see every turn (a 2-turn row
+    counts 2 answers), fp32 greedy speculation equals the baseline, tau and per-depth acceptance
+    agree with each other, and the speedup is the ratio of the two measured speeds."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "turns": ["Name a color.", "And another?"]}) + "\n"
+                       + json.dumps({"id": "b", "turns": ["What is 2 plus 2?"]}) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32",
+                 "--max-len", "512", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    ar, eagle = report["modes"]["ar"], report["modes"]["eagle[eagle3-aux-1layer k4 s3 n8]"]
+    assert ar["greedy_same_as_baseline"] == "0/3" and eagle["greedy_same_as_baseline"] == "3/3"
+    assert ar["tokens"] == eagle["tokens"] > 0
+    assert eagle["tau"] == pytest.approx(1 + sum(eagle["acceptance_per_depth"]), abs=2e-3)
+    assert eagle["speedup_vs_ar"] == pytest.approx(
+        eagle["tokens_per_s"] / ar["tokens_per_s"], abs=2e-3)
+    assert main(["bench", "--prompts", str(prompts), "--limit", "1", "--first-turn-only",
+                 "--max-new-tokens", "6", "--modes", "eagle", "--temperature", "0.8",
+                 "--top-p", "0.9", "--seed", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["sampling"]["temperature"] == 0.8 and report["rows"] == 1
+    assert [m["tokens"] for m in report["modes"].values()] == [6]
+    capsys.readouterr()
+    assert "unknown modes ['fast']" in fails(["bench", "--prompts", str(prompts), "--modes",
+                                              "ar,fast"], capsys)
