@@ -49,9 +49,11 @@ class Batch:
     argmax: torch.Tensor  # [B, T] int64 target argmax
 
 
-def make_batches(samples: list[Sample], tokens_per_batch: int, use_aux: bool,
-                 in_vocab: torch.Tensor, rng: random.Random) -> list[Batch]:
-    """Group samples of similar length into padded batches of about `tokens_per_batch`."""
+def group_batches(samples: list[Sample], tokens_per_batch: int, rng: random.Random
+                  ) -> list[list[int]]:
+    """Sample indices grouped by similar length into batches of about `tokens_per_batch` padded
+    tokens, in shuffled order. Only indices: tensors are built per step by `collate`, so an
+    epoch never holds a second, padded copy of the features in memory."""
     order = sorted(range(len(samples)), key=lambda i: samples[i].ids.numel())
     groups, cur, longest = [], [], 0
     for i in order:
@@ -64,23 +66,26 @@ def make_batches(samples: list[Sample], tokens_per_batch: int, use_aux: bool,
     if cur:
         groups.append(cur)
     rng.shuffle(groups)
-    batches = []
-    for g in groups:
-        T = max(samples[i].ids.numel() for i in g)
+    return groups
 
-        def pad(t: torch.Tensor, T: int = T) -> torch.Tensor:
-            return F.pad(t, (0, 0, 0, T - t.shape[0])) if t.dim() == 2 else F.pad(
-                t, (0, T - t.shape[0]))
-        feats = [samples[i].aux if use_aux else samples[i].final for i in g]
-        valid = [samples[i].loss_mask & in_vocab[samples[i].argmax] for i in g]
-        for v in valid:
-            v[-1] = False  # the last token's target predicts past the end of the response
-        batches.append(Batch(ids=torch.stack([pad(samples[i].ids) for i in g]),
-                             aux=torch.stack([pad(f) for f in feats]),
-                             final=torch.stack([pad(samples[i].final) for i in g]),
-                             valid=torch.stack([pad(v) for v in valid]),
-                             argmax=torch.stack([pad(samples[i].argmax) for i in g])))
-    return batches
+
+def collate(samples: list[Sample], group: list[int], use_aux: bool, in_vocab: torch.Tensor
+            ) -> Batch:
+    """Pad the samples of one group to a `Batch`."""
+    T = max(samples[i].ids.numel() for i in group)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return F.pad(t, (0, 0, 0, T - t.shape[0])) if t.dim() == 2 else F.pad(
+            t, (0, T - t.shape[0]))
+    feats = [samples[i].aux if use_aux else samples[i].final for i in group]
+    valid = [samples[i].loss_mask & in_vocab[samples[i].argmax] for i in group]
+    for v in valid:
+        v[-1] = False  # the last token's target predicts past the end of the response
+    return Batch(ids=torch.stack([pad(samples[i].ids) for i in group]),
+                 aux=torch.stack([pad(f) for f in feats]),
+                 final=torch.stack([pad(samples[i].final) for i in group]),
+                 valid=torch.stack([pad(v) for v in valid]),
+                 argmax=torch.stack([pad(samples[i].argmax) for i in group]))
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
@@ -173,8 +178,7 @@ def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tenso
     trainable = [p for n, p in model.named_parameters() if not n.startswith("embed_tokens")]
     opt = torch.optim.AdamW(trainable, lr=params.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epochs = math.ceil(params.epochs)
-    per_epoch = len(make_batches(samples, params.tokens_per_batch, model.cfg.use_aux_hidden_state,
-                                 in_vocab, random.Random(0)))
+    per_epoch = len(group_batches(samples, params.tokens_per_batch, random.Random(0)))
     total_steps = int(per_epoch * params.epochs)
     ckpt, log_path = run_dir / "checkpoint.pt", run_dir / "train_log.jsonl"
     step, log = 0, []
@@ -184,17 +188,19 @@ def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tenso
         opt.load_state_dict(state["opt"])
         step = state["step"]
         total_steps = state["total_steps"]
-        log = [json.loads(x) for x in log_path.read_text().split("\n") if x.strip()]
+        log = [r for r in (json.loads(x) for x in log_path.read_text().split("\n") if x.strip())
+               if r["step"] <= step]  # rows after the checkpoint are redone
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
     t0 = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {run_dir.name}")
     for epoch in range(epochs):
-        batches = make_batches(samples, params.tokens_per_batch, model.cfg.use_aux_hidden_state,
-                               in_vocab, rng)
-        for i, batch in enumerate(batches):
+        groups = group_batches(samples, params.tokens_per_batch, rng)
+        for i, group in enumerate(groups):
             if epoch * per_epoch + i < step:
                 continue
             if step >= total_steps:
                 break
+            batch = collate(samples, group, model.cfg.use_aux_hidden_state, in_vocab)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total_steps, params)
             with torch.autocast("cpu", dtype=torch.bfloat16):
