@@ -129,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .bench import add_bench_parser
     from .selfcheck import add_selfcheck_parser
+    from .train.evaluate import add_eval_parser
     from .train.pipeline import add_train_parser
 
     add_bench_parser(sub)
     add_train_parser(sub)
+    add_eval_parser(sub)
     add_selfcheck_parser(sub)
     return parser
 

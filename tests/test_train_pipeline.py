@@ -106,3 +106,17 @@ def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
     samples = load_samples(shards)
     assert [s.ids.tolist() for s in samples] == [r["prompt_ids"] + r["response_ids"]
                                                  for r in rows]
+
+
+def test_heldout_accuracy_scores_every_answer_token(tiny_target) -> None:
+    """eval-head's measurement: one accuracy per TTT step, in [0, 1], over every generated answer
+    token except each answer's last (whose target lies past the end)."""
+    from eagle_engine.baseline import generate_batch
+    from eagle_engine.train.evaluate import heldout_accuracy
+
+    head = random_head(tiny_target.cfg, seed=1)
+    prompts = [[1, 5, 9, 14], [1, 7, 3], [1, 20, 21, 22, 23, 24]]
+    accs, n = heldout_accuracy(head, tiny_target, prompts, (2,), 10, 3)
+    answers = generate_batch(tiny_target, prompts, SamplingParams(max_new_tokens=10), (2,))
+    assert n == sum(len(a) - 1 for a in answers) > 0
+    assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)

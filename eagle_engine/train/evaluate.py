@@ -1,0 +1,86 @@
+"""`python -m eagle_engine eval-head`: a head's held-out accuracy, measured the way training does.
+
+The target answers held-out prompts greedily, features are extracted as for training, and the
+head's per-step top-1 accuracy against the target (step 0 = first draft token, later steps fed
+their own outputs, as in training-time test) is computed by the trainer's own loss function.
+Set beside the training log's accuracy it shows how much of a head's skill is memorized.
+Not here: speed or tree acceptance (`bench.py`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..baseline import generate_batch
+from ..chat import encode_chat
+from ..config import ConfigError, SamplingParams
+from ..models.draft_io import load_draft
+from ..models.draft_model import Eagle3Draft
+from ..models.loader import load_target, load_tokenizer, resolve_target
+from ..models.target import TargetModel
+from .features import extract, load_samples
+from .trainer import TrainParams, collate, group_batches, ttt_loss
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval-head", help="held-out per-step accuracy of a draft head")
+    p.add_argument("--draft", required=True, help="head directory or bundled head name")
+    p.add_argument("--prompts", type=Path, required=True, help="prompt JSONL (first turns)")
+    p.add_argument("--target", default="bundled")
+    p.add_argument("--limit", type=int, default=12)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--ttt-length", type=int, default=4)
+    p.set_defaults(func=cmd_eval_head)
+
+
+@torch.no_grad()
+def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list[int]],
+                     eos_ids: tuple[int, ...], max_new_tokens: int, ttt_length: int
+                     ) -> tuple[list[float], int]:
+    """-> (top-1 accuracy per TTT step over the scored answer tokens, number of tokens)."""
+    answers = generate_batch(target, prompts, SamplingParams(max_new_tokens=max_new_tokens),
+                             eos_ids)
+    rows = [{"prompt_ids": p, "response_ids": a} for p, a in zip(prompts, answers)]
+    aux_ids = model.cfg.resolve_aux_layer_ids(target.cfg) if model.cfg.use_aux_hidden_state \
+        else target.cfg.default_aux_layer_ids()
+    with tempfile.TemporaryDirectory() as tmp:
+        samples = load_samples(extract(target, rows, aux_ids, Path(tmp)))
+    hot = model.hot_ids
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[hot] = True
+    target_head = target.lm_head.weight[hot].to(torch.bfloat16)
+    params = TrainParams(ttt_length=ttt_length)
+    hits, n = [0.0] * ttt_length, 0
+    for group in group_batches(samples, params.tokens_per_batch, random.Random(0)):
+        batch = collate(samples, group, model.cfg.use_aux_hidden_state, in_vocab)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, _, accs = ttt_loss(model, batch, target_head, params)
+        w = int(batch.valid.sum())
+        hits = [h + a * w for h, a in zip(hits, accs)]
+        n += w
+    return [h / max(n, 1) for h in hits], n
+
+
+def cmd_eval_head(args: argparse.Namespace) -> None:
+    from ..engine import ASSETS
+
+    if not args.prompts.is_file():
+        raise ConfigError(f"prompt file {args.prompts} does not exist")
+    rows = [json.loads(x) for x in args.prompts.read_text().split("\n") if x.strip()]
+    directory = resolve_target(args.target)
+    target = load_target(directory, torch.bfloat16, "cpu", 2048)
+    tokenizer = load_tokenizer(directory)
+    head = ASSETS / args.draft if (ASSETS / args.draft / "config.json").is_file() else args.draft
+    model = load_draft(head, target.cfg, target.embed_tokens, target.lm_head, 4096,
+                       torch.float32, "cpu")
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": r["turns"][0]}])
+               for r in rows[:args.limit]]
+    eos = tuple(sorted(set(target.cfg.eos_token_ids) | {int(tokenizer.eos_token_id)}))
+    accs, n = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens, args.ttt_length)
+    print(json.dumps({"head": str(head), "prompts": len(prompts), "scored_tokens": n,
+                      "step_accuracy": [round(a, 3) for a in accs]}))
