@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle_engine.cli import main
-from eagle_engine.config import TargetConfig
+from eagle_engine.config import TargetConfig, TreeParams
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
 from tests.helpers import random_head, save_head
@@ -141,7 +141,9 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32",
                  "--max-len", "512", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    ar, eagle = report["modes"]["ar"], report["modes"]["eagle[eagle3-aux-1layer k4 s3 n8]"]
+    t = TreeParams()
+    ar = report["modes"]["ar"]
+    eagle = report["modes"][f"eagle[eagle3-aux-1layer k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]"]
     assert ar["greedy_same_as_baseline"] == "0/3" and eagle["greedy_same_as_baseline"] == "3/3"
     assert ar["tokens"] == eagle["tokens"] > 0
     assert eagle["tau"] == pytest.approx(1 + sum(eagle["acceptance_per_depth"]), abs=2e-3)
