@@ -9,6 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def stop_token_ids(config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
+    """End-of-sequence ids: the model config's plus the tokenizer's own (sorted, unique)."""
+    eos = set(config_eos)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(eos))
+
+
 def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Messages [{'role', 'content'}] -> prompt ids ending with the assistant header."""
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

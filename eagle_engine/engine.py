@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .accept import commit
-from .chat import IncrementalDetokenizer, encode_chat
+from .chat import IncrementalDetokenizer, encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
 from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
@@ -56,6 +56,13 @@ class GenerationResult:
     events: list[StepEvent] = field(default_factory=list)
 
 
+def head_source(spec: str) -> Path | str:
+    """A head spec -> a bundled head's directory (by name), a local path, or the spec as given
+    (a hub id)."""
+    path = ASSETS / spec if (ASSETS / spec / "config.json").is_file() else Path(spec)
+    return path if path.exists() else spec
+
+
 def bundled_head_dirs() -> list[Path]:
     return sorted(p for p in ASSETS.glob("*") if (p / "config.json").is_file())
 
@@ -65,10 +72,7 @@ class EagleEngine:
                  config: EngineConfig) -> None:
         self.target, self.tokenizer, self.heads, self.config = target, tokenizer, heads, config
         self.cache = target.new_cache(max_len=config.max_len)
-        eos = set(target.cfg.eos_token_ids)
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            eos.add(int(tokenizer.eos_token_id))
-        self.eos_ids = tuple(sorted(eos))
+        self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
         self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
@@ -86,10 +90,9 @@ class EagleEngine:
         if config.drafts == ("bundled",) and config.target != "bundled":
             specs = []
         for spec in specs:
-            path = ASSETS / spec if (ASSETS / spec / "config.json").is_file() else Path(spec)
-            name = path.name if path.exists() else spec
-            heads[name] = load_draft(path if path.exists() else spec, target.cfg,
-                                     target.embed_tokens, target.lm_head,
+            source = head_source(spec)
+            name = source.name if isinstance(source, Path) else spec
+            heads[name] = load_draft(source, target.cfg, target.embed_tokens, target.lm_head,
                                      config.max_len + 512, dtype, config.device,
                                      config.allow_pickle)
         if config.packed_weights and can_pack(config.device, dtype):

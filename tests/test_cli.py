@@ -143,7 +143,8 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     report = json.loads(out.read_text())
     t = TreeParams()
     ar = report["modes"]["ar"]
-    eagle = report["modes"][f"eagle[eagle3-aux-1layer k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]"]
+    label = f"eagle[eagle3-aux-1layer k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]"
+    eagle = report["modes"][label]
     assert ar["greedy_same_as_baseline"] == "0/3" and eagle["greedy_same_as_baseline"] == "3/3"
     assert ar["tokens"] == eagle["tokens"] > 0
     assert eagle["tau"] == pytest.approx(1 + sum(eagle["acceptance_per_depth"]), abs=2e-3)

