@@ -113,30 +113,21 @@ def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreePa
 
 
 @torch.inference_mode()
-def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 5) -> dict:  # noqa: ANN001
-    """Median (of `repeats`, after 3 warm-up runs, in inference mode like the engine) time of a
-    target forward of N tokens after `context` tokens, relative to N=1,
-    and of one draft decode step with K tokens relative to one target token."""
+def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 21,  # noqa: ANN001
+                  warmup: int = 3) -> dict:
+    """Median time (of `repeats`, after `warmup` rounds, in inference mode like the engine) of a
+    target forward of N tokens after `context` tokens relative to N=1, and of one draft decode
+    step with K tokens relative to one target token. Each round times every shape once, in turn,
+    so a slow spell of the machine hits all shapes alike instead of one block of them."""
     target, dev = engine.target, engine.target.device
     cache = engine.cache
-
-    def timed(fn, warmup: int = 3) -> float:  # noqa: ANN001
-        times = []
-        for _ in range(warmup + repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return sorted(times[warmup:])[repeats // 2]
 
     def target_fwd(n: int) -> None:
         ids = torch.zeros(1, n, dtype=torch.long, device=dev)
         pos = torch.arange(context, context + n, device=dev)[None]
         target(ids, pos, cache, context, causal_mask(n, context, dev) if n > 1 else None)
 
-    base = timed(lambda: target_fwd(1))
-    out = {"target_1_token_ms": round(base * 1000, 2),
-           "verify_cost_vs_1_token": {n: round(timed(lambda n=n: target_fwd(n)) / base, 2)
-                                      for n in (8, 16, 32, 48, 64)}}
+    shapes = {("target", n): lambda n=n: target_fwd(n) for n in (1, 8, 16, 32, 48, 64)}
     if head is not None:
         model = engine.heads[head]
         dcache = model.new_cache(context + 128)
@@ -147,8 +138,22 @@ def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 5
                               device=dev)
             pos = torch.full((1, k), context, device=dev)
             model(ids, hid, pos, dcache, context, None, from_target=False)
-        out["draft_step_cost_vs_target_token"] = {k: round(timed(lambda k=k: draft_fwd(k)) / base,
-                                                           3) for k in (1, 4, 8)}
+        shapes |= {("draft", k): lambda k=k: draft_fwd(k) for k in (1, 4, 8)}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in shapes}
+    for r in range(warmup + repeats):
+        for key, fn in shapes.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[key].append(time.perf_counter() - t0)
+    median = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+    base = median[("target", 1)]
+    out = {"target_1_token_ms": round(base * 1000, 2),
+           "verify_cost_vs_1_token": {n: round(median[("target", n)] / base, 2)
+                                      for n in (8, 16, 32, 48, 64)}}
+    if head is not None:
+        out["draft_step_cost_vs_target_token"] = {k: round(median[("draft", k)] / base, 3)
+                                                  for k in (1, 4, 8)}
     return out
 
 

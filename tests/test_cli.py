@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle_engine import bench
 from eagle_engine.cli import main
 from eagle_engine.config import TargetConfig, TreeParams
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
-from tests.helpers import random_head, save_head
+from tests.helpers import random_head, save_head, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -159,3 +160,31 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     capsys.readouterr()
     assert "unknown modes ['fast']" in fails(["bench", "--prompts", str(prompts), "--modes",
                                               "ar,fast"], capsys)
+
+
+def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --costs` arithmetic, on a fake clock: a target forward of N tokens takes N ms and a
+    draft step of K tokens 0.1*K ms, except for one slow spell (+50 ms) that hits every shape of
+    one round; the medians ignore it and the ratios come out exact."""
+    engine = tiny_engine(tmp_path, max_len=512)
+    clock = {"now": 0.0, "calls": 0}
+
+    def tick(ms: float) -> None:
+        clock["calls"] += 1
+        clock["now"] += ms / 1000 + (0.05 if 40 <= clock["calls"] < 49 else 0.0)
+
+    def fake_target(ids, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        tick(ids.shape[1])
+
+    def fake_draft(ids, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        tick(0.1 * ids.shape[1])
+
+    monkeypatch.setattr(engine.target, "forward", fake_target)
+    monkeypatch.setattr(engine.heads["head"], "forward", fake_draft)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["now"])
+    costs = bench.measure_costs(engine, "head", repeats=5, warmup=1)
+    assert clock["calls"] == 6 * 9  # (1 + 5) rounds of 6 target and 3 draft shapes
+    assert costs["target_1_token_ms"] == pytest.approx(1.0)
+    assert costs["verify_cost_vs_1_token"] == {8: 8.0, 16: 16.0, 32: 32.0, 48: 48.0, 64: 64.0}
+    assert costs["draft_step_cost_vs_target_token"] == {1: 0.1, 4: 0.4, 8: 0.8}
