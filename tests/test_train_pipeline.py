@@ -3,15 +3,18 @@ of head quality): data, features, vocab, TTT training, export in the HF EAGLE-3 
 exported head loads into the engine and keeps greedy parity with the baseline."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.models.draft_io import save_draft
+from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.train.pipeline import inherited_vocab, init_head
 from eagle_engine.train.trainer import ttt_attention
@@ -81,7 +84,7 @@ def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path)
 
 def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
         tmp_path: Path) -> None:
-    """Raising `samples_per_prompt` appends sampled answers `{id}#{j}` without regenerating the
+    """Raising the answers per prompt appends sampled answers `{id}#{j}` without regenerating the
     existing ones, and feature extraction rewrites a shard that now holds more rows."""
     from eagle_engine.train.data import generate_responses, select_prompts
     from eagle_engine.train.features import extract, load_samples, read_rows
@@ -91,12 +94,12 @@ def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
     prompts = select_prompts(DATA, 3, seed=0)
     out = tmp_path / "responses.jsonl"
     args = dict(max_new_tokens=5, batch_size=4, sampled_share=0.0, seed=0)
-    generate_responses(target, ByteTokenizer(), prompts, out, samples_per_prompt=1, **args)
+    generate_responses(target, ByteTokenizer(), prompts, out, samples=lambda s: 1, **args)
     first = read_rows(out)
     assert [r["temperature"] for r in first] == [0.0] * 3
     shards = extract(target, first, (1, 4, 6), tmp_path / "features", shard_size=4)
     assert len(load_samples(shards)) == 3
-    generate_responses(target, ByteTokenizer(), prompts, out, samples_per_prompt=3, **args)
+    generate_responses(target, ByteTokenizer(), prompts, out, samples=lambda s: 3, **args)
     rows = read_rows(out)
     assert rows[:3] == first
     assert sorted(r["id"] for r in rows[3:]) == sorted(f"{p['id']}#{j}" for p in prompts
@@ -120,3 +123,107 @@ def test_heldout_accuracy_scores_every_answer_token(tiny_target) -> None:
     answers = generate_batch(tiny_target, prompts, SamplingParams(max_new_tokens=10), (2,))
     assert n == sum(len(a) - 1 for a in answers) > 0
     assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)
+
+
+def tiny_rows(vocab: int, n: int = 6, seed: int = 0) -> list[dict]:
+    """Conversations of random ids with prompts and responses of varied lengths."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        p, r = 3 + i % 4, 5 + (3 * i) % 7
+        ids = torch.randint(3, vocab, (p + r,), generator=g).tolist()
+        rows.append({"id": str(i), "prompt_ids": ids[:p], "response_ids": ids[p:]})
+    return rows
+
+
+def test_online_batch_equals_cached_features(tmp_path: Path) -> None:
+    """`--online` features (one right-padded batched target forward per step) equal the cached
+    path's (one forward per conversation, saved, padded by `collate`): same ids, scored
+    positions and target argmax, and the same aux / final hidden states."""
+    from eagle_engine.train.features import extract, load_samples
+    from eagle_engine.train.online import online_batch
+    from eagle_engine.train.trainer import collate
+
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
+    rows = tiny_rows(target.cfg.vocab_size)
+    aux_ids = target.cfg.default_aux_layer_ids()
+    samples = load_samples(extract(target, rows, aux_ids, tmp_path / "features"))
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[::2] = True  # half the vocabulary: some positions are not scored
+    group = [4, 0, 5, 2]
+    cached = collate(samples, group, in_vocab)
+    online = online_batch(target, rows, group, aux_ids, in_vocab)
+    assert torch.equal(online.ids, cached.ids)
+    assert torch.equal(online.valid, cached.valid) and online.valid.any()
+    real = cached.ids != 0
+    assert torch.equal(online.argmax[real], cached.argmax[real])
+    for new, old in ((online.aux, cached.aux), (online.final, cached.final)):  # cache: bf16
+        torch.testing.assert_close(new[real].to(old.dtype), old[real])
+
+
+def test_interrupted_multi_head_training_resumes_to_the_same_weights(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest.MonkeyPatch
+    """Two heads (aux on / off) trained on the same online batches: a run stopped by its
+    deadline after 3 steps and resumed from its checkpoint ends with exactly the weights of an
+    uninterrupted run."""
+    from eagle_engine.train import trainer
+    from eagle_engine.train.online import online_batch
+    from eagle_engine.train.pipeline import draft_config
+
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
+    rows = tiny_rows(target.cfg.vocab_size, n=12)
+    aux_ids = target.cfg.default_aux_layer_ids()
+    hot = torch.arange(0, target.cfg.vocab_size, 2)
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[hot] = True
+    params = trainer.TrainParams(epochs=2, ttt_length=3, tokens_per_batch=64, warmup_steps=2)
+    lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]
+
+    def heads() -> list[trainer.Head]:
+        out = []
+        for name, aux in (("aux", True), ("noaux", False)):
+            torch.manual_seed(0)
+            model = Eagle3Draft(draft_config(target.cfg, 1, aux, hot.numel()), 256)
+            init_head(model, target, hot, None)
+            model.share_embedding(target.embed_tokens)
+            model.embed_tokens.weight.requires_grad_(False)
+            out.append(trainer.new_head(name, model, target.lm_head.weight.detach(), params))
+        return out
+
+    def make_batch(group: list[int]) -> trainer.Batch:
+        return online_batch(target, rows, group, aux_ids, in_vocab)
+
+    whole = heads()
+    assert trainer.train(whole, lengths, make_batch, tmp_path / "whole", params)
+    total = len(whole[0].log)
+    assert total > 4
+
+    clock = iter([-1.0] * 3 + [1.0] * 1000)  # the deadline (0) passes after 3 steps
+    monkeypatch.setattr(trainer.time, "time", lambda: next(clock))
+    cut = heads()
+    assert not trainer.train(cut, lengths, make_batch, tmp_path / "cut", params, deadline=0.0)
+    assert len(cut[0].log) == 3
+    monkeypatch.undo()
+    resumed = heads()
+    assert trainer.train(resumed, lengths, make_batch, tmp_path / "cut", params)
+    assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
+    for a, b in zip(whole, resumed):
+        for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+            assert torch.equal(p, q), name
+    assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads
+
+
+def test_head_specs_name_bad_items(tmp_path: Path) -> None:
+    from eagle_engine.config import ConfigError
+    from eagle_engine.train.pipeline import head_specs
+
+    def specs(heads: str) -> list:
+        return head_specs(argparse.Namespace(heads=heads, out=tmp_path, num_layers=1,
+                                             no_aux=False))
+
+    assert [(s.out.name, s.num_layers, s.use_aux) for s in specs("a:1:aux,b:2:noaux")] == [
+        ("a", 1, True), ("b", 2, False)]
+    for bad, words in (("a:1", "a:1"), ("a:0:aux", "a:0:aux"), ("a:1:both", "a:1:both"),
+                       ("a:1:aux,a:2:aux", "repeat")):
+        with pytest.raises(ConfigError, match=words):
+            specs(bad)

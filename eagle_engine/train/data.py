@@ -1,14 +1,17 @@
 """Stage 1: self-distillation data. Samples prompts from a prompt file (mixed by source so that
 GSM8K does not dominate) and has the target answer them with its own chat template, in batches of
-similar length, mostly greedy with a share of sampled answers; `samples_per_prompt` > 1 adds
-sampled answers to the same prompts (ids `{id}#{j}`), new contexts without new prompts. Appends to a
-JSONL file and skips answers already written, so an interrupted run resumes (and a larger
-`samples_per_prompt` only generates the new answers). Not here: features or training."""
+similar length, mostly greedy with a share of sampled answers; more than one answer per prompt
+(per source: open-ended prompts gain most) adds sampled answers (ids `{id}#{j}`), new contexts
+without new prompts. Appends to a JSONL file and skips answers already written, so an
+interrupted run resumes (and more answers per prompt only generates the new ones). Not here:
+features or training."""
 from __future__ import annotations
 
 import json
 import random
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +44,20 @@ def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -
     return chosen
 
 
+def answer_ids(prompts: list[dict], samples: Callable[[str], int]) -> list[str]:
+    """Ids of the answers wanted: `{id}` and `{id}#{j}` for j < samples(source)."""
+    return [row["id"] if j == 0 else f"{row['id']}#{j}"
+            for row in prompts for j in range(samples(row["source"]))]
+
+
 def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], out_path: Path,
                        max_new_tokens: int, batch_size: int, sampled_share: float, seed: int,
-                       samples_per_prompt: int = 1, max_prompt_tokens: int = 512) -> None:
-    """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`. The first
-    answer to a prompt is sampled with probability `sampled_share`, every further one always."""
+                       samples: Callable[[str], int] = lambda source: 1,
+                       max_prompt_tokens: int = 512, deadline: float | None = None) -> bool:
+    """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`, for
+    `samples(source)` answers per prompt. The first answer to a prompt is sampled with
+    probability `sampled_share`, every further one always. Starts no batch after `deadline`
+    (`time.time()`); returns True when every answer is written."""
     done = set()
     if out_path.exists():
         done = {json.loads(l)["id"] for l in out_path.read_text().split("\n") if l.strip()}
@@ -56,15 +68,16 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
         first_temp = 0.7 if rng.random() < sampled_share else 0.0
         if len(ids) > max_prompt_tokens:
             continue
-        for j in range(samples_per_prompt):
-            rid = row["id"] if j == 0 else f"{row['id']}#{j}"
+        for j, rid in enumerate(answer_ids([row], samples)):
             if rid not in done:
                 todo.append((first_temp if j == 0 else 0.7, len(ids), rid, row, ids))
     todo.sort(key=lambda t: (t[0], t[1]))  # batch by mode, then by prompt length
     eos = tuple(tokenizer.convert_tokens_to_ids([tokenizer.eos_token]))
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(model.device).manual_seed(seed)
     with out_path.open("a") as f, tqdm(total=len(todo), desc="self-distillation") as bar:
         for i in range(0, len(todo), batch_size):
+            if deadline is not None and time.time() > deadline:
+                return False
             chunk = todo[i:i + batch_size]
             temp = chunk[0][0]
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp,
@@ -76,3 +89,4 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
                                     "temperature": t}) + "\n")
             f.flush()
             bar.update(len(chunk))
+    return True

@@ -56,8 +56,9 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
     target_head = target.lm_head.weight[hot].to(torch.bfloat16)
     params = TrainParams(ttt_length=ttt_length)
     hits, counts, n = [0.0] * ttt_length, [0] * ttt_length, 0
-    for group in group_batches(samples, params.tokens_per_batch, random.Random(0)):
-        batch = collate(samples, group, model.cfg.use_aux_hidden_state, in_vocab)
+    lengths = [s.ids.numel() for s in samples]
+    for group in group_batches(lengths, params.tokens_per_batch, random.Random(0)):
+        batch = collate(samples, group, in_vocab)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, _, accs = ttt_loss(model, batch, target_head, params)
         for k, a in enumerate(accs):  # step k scores the valid positions from k+1 on

@@ -12,52 +12,105 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..config import DraftConfig, parse_dtype
+from ..config import ConfigError, DraftConfig, parse_dtype
 from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
-from .data import generate_responses, select_prompts
+from .data import answer_ids, generate_responses, select_prompts
 from .features import extract, load_samples, read_rows
-from .trainer import TrainParams, train
+from .online import online_batch, row_ids
+from .trainer import Batch, TrainParams, collate, new_head, train
 from .vocab import coverage_table, select_vocab, token_counts
 
 log = logging.getLogger(__name__)
 VOCAB_SIZES = [1024, 2048, 4096, 8192, 16384, 32768]
+MAX_TOKENS = 1024  # conversation tokens a training sample keeps
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an EAGLE-3 head for a target (end to end)")
+    p = sub.add_parser("train", help="train EAGLE-3 heads for a target (end to end)")
     p.add_argument("--prompts", type=Path, required=True, help="prompt JSONL (id, source, turns)")
-    p.add_argument("--out", type=Path, required=True, help="head directory to write")
+    p.add_argument("--out", type=Path, required=True,
+                   help="head directory to write (with --heads: the parent of the heads)")
+    p.add_argument("--heads", default=None,
+                   help="several heads on the same batches: NAME:LAYERS:aux|noaux,... "
+                        "(default: one head from --num-layers / --no-aux)")
     p.add_argument("--work-dir", type=Path, default=Path("runs/train"),
                    help="cache for responses, features and checkpoints (outside git)")
     p.add_argument("--target", default="bundled")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (generation and training)")
+    p.add_argument("--online", action="store_true",
+                   help="compute target features per training batch instead of caching them "
+                        "(the fast path on a GPU)")
     p.add_argument("--limit", type=int, default=2200, help="number of prompts")
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--batch-size", type=int, default=48, help="generation batch size")
     p.add_argument("--sampled-share", type=float, default=0.15)
     p.add_argument("--samples-per-prompt", type=int, default=2,
                    help="answers per prompt; all but the first are sampled")
+    p.add_argument("--samples-per-source", default="",
+                   help="per-source answers per prompt, e.g. alpaca_eval=12,vicuna_bench=12")
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--no-aux", action="store_true", help="EAGLE-1/2 style input (final hidden)")
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--ttt-length", type=int, default=6)
     p.add_argument("--tokens-per-batch", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-minutes", type=float, default=None,
                    help="training time budget (the LR schedule is fitted to it)")
+    p.add_argument("--stop-after-minutes", type=float, default=None,
+                   help="end this invocation cleanly after so many minutes (checkpoint and "
+                        "heads written); the same command again resumes the schedule")
     p.add_argument("--no-generate", action="store_true",
                    help="train on the responses already in --work-dir (skip generation)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a trained head (matching tensors are copied)")
     p.add_argument("--quick", action="store_true", help="tiny CI configuration")
     p.set_defaults(func=run_pipeline)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    out: Path
+    num_layers: int
+    use_aux: bool
+
+
+def head_specs(args: argparse.Namespace) -> list[HeadSpec]:
+    """`--heads NAME:LAYERS:aux|noaux,...` under `--out`, or the one head `--out`."""
+    if not args.heads:
+        return [HeadSpec(args.out, args.num_layers, not args.no_aux)]
+    specs = []
+    for item in args.heads.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < 1 \
+                or parts[2] not in ("aux", "noaux"):
+            raise ConfigError(f"--heads item {item!r} is not NAME:LAYERS:aux|noaux "
+                              "(e.g. eagle3-aux-1layer:1:aux)")
+        specs.append(HeadSpec(args.out / parts[0], int(parts[1]), parts[2] == "aux"))
+    if len({s.out.name for s in specs}) != len(specs):
+        raise ConfigError(f"--heads names repeat: {args.heads!r}")
+    return specs
+
+
+def samples_by_source(args: argparse.Namespace) -> Callable[[str], int]:
+    """`--samples-per-source a=12,b=4` over the `--samples-per-prompt` default."""
+    table = {}
+    for item in filter(None, args.samples_per_source.split(",")):
+        name, _, n = item.partition("=")
+        if not n.isdigit() or int(n) < 1:
+            raise ConfigError(f"--samples-per-source item {item!r} is not SOURCE=N (N >= 1)")
+        table[name] = int(n)
+    return lambda source: table.get(source, args.samples_per_prompt)
 
 
 def quick_overrides(args: argparse.Namespace) -> None:
@@ -94,7 +147,7 @@ def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | N
     copies every tensor of a trained head whose name and shape match; its lm_head only when its
     draft vocabulary (`d2t`) is ours, since lm_head rows are indexed by draft id."""
     model.d2t.copy_(hot - torch.arange(hot.numel()))
-    model.lm_head.weight.copy_(target.lm_head.weight[hot].float())
+    model.lm_head.weight.copy_(target.lm_head.weight[hot.to(target.device)].float())
     model.norm.weight.copy_(target.norm.weight.float())
     for layer in list(model.layers)[1:]:
         layer.self_attn.o_proj.weight.zero_()
@@ -115,70 +168,97 @@ def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | N
 def run_pipeline(args: argparse.Namespace) -> None:
     if args.quick:
         quick_overrides(args)
+    deadline = time.time() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
+    specs = head_specs(args)
+    samples = samples_by_source(args)
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     directory = resolve_target(args.target)
-    target = load_target(directory, parse_dtype("bf16"), "cpu", 2048)
+    target = load_target(directory, parse_dtype("bf16"), args.device, 2048)
     tokenizer = load_tokenizer(directory)
     responses = work / "responses.jsonl"
-    if not (args.no_generate and responses.exists()):
-        prompts = select_prompts(args.prompts, args.limit, args.seed)
-        generate_responses(target, tokenizer, prompts, responses, args.max_new_tokens,
-                           args.batch_size, args.sampled_share, args.seed,
-                           args.samples_per_prompt)
-    rows = read_rows(responses)[:args.limit * args.samples_per_prompt]
+    prompts = select_prompts(args.prompts, args.limit, args.seed)
+    if not (args.no_generate and responses.exists()) and not generate_responses(
+            target, tokenizer, prompts, responses, args.max_new_tokens, args.batch_size,
+            args.sampled_share, args.seed, samples, deadline=deadline):
+        log.info("stopped at the time limit while generating: the same command resumes")
+        return
+    wanted = set(answer_ids(prompts, samples))
+    rows = [r for r in read_rows(responses) if r["id"] in wanted]
+    log.info("%d responses, generated in %.1f min", len(rows), (time.perf_counter() - t0) / 60)
     aux_ids = target.cfg.default_aux_layer_ids()
-    shards = extract(target, rows, aux_ids, work / "features")
     counts = token_counts([r["response_ids"] for r in rows])
     coverage = coverage_table(counts, VOCAB_SIZES)
     hot = select_vocab(counts, args.draft_vocab, target.cfg.vocab_size)
     if args.init_from is not None:
         hot = inherited_vocab(args.init_from, hot)
-    cfg = draft_config(target.cfg, args.num_layers, not args.no_aux, args.draft_vocab)
-    torch.manual_seed(args.seed)
-    model = Eagle3Draft(cfg, 2048 + 64).float()
-    init_head(model, target, hot, args.init_from)
-    model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
-    model.embed_tokens.weight.requires_grad_(False)
-    params = TrainParams(epochs=args.epochs, lr=args.lr, ttt_length=args.ttt_length,
-                         tokens_per_batch=args.tokens_per_batch, seed=args.seed,
-                         max_minutes=args.max_minutes)
-    samples = load_samples(shards)
-    run_dir = work / f"run-{args.out.name}"
-    log = train(model, samples, target.lm_head.weight.detach(), run_dir, params)
-    save_draft(model, target.cfg, args.out, 8192)
-    write_card(args, log, coverage, rows, time.perf_counter() - t0)
-    plot_log(log, args.out / "training.png")
-    (args.out / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    params = TrainParams(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
+                         ttt_length=args.ttt_length, tokens_per_batch=args.tokens_per_batch,
+                         seed=args.seed, max_minutes=args.max_minutes)
+    heads = []
+    for spec in specs:
+        torch.manual_seed(args.seed)
+        model = Eagle3Draft(draft_config(target.cfg, spec.num_layers, spec.use_aux,
+                                         args.draft_vocab), 2048 + 64).float()
+        init_head(model, target, hot, args.init_from)
+        model.to(args.device)
+        model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
+        model.embed_tokens.weight.requires_grad_(False)
+        heads.append(new_head(spec.out.name, model, target.lm_head.weight.detach(), params))
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool, device=args.device)
+    in_vocab[hot.to(args.device)] = True
+    if args.online:
+        lengths = [len(row_ids(r, MAX_TOKENS)) for r in rows]
+
+        def make_batch(group: list[int]) -> Batch:
+            return online_batch(target, rows, group, aux_ids, in_vocab, MAX_TOKENS)
+    else:
+        cached = load_samples(extract(target, rows, aux_ids, work / "features",
+                                      max_tokens=MAX_TOKENS))
+        lengths = [s.ids.numel() for s in cached]
+
+        def make_batch(group: list[int]) -> Batch:
+            return collate(cached, group, in_vocab)
+    run_dir = work / ("run-" + "+".join(s.out.name for s in specs))
+    done = train(heads, lengths, make_batch, run_dir, params, deadline)
+    if not done:
+        log.info("stopped at the time limit: the same command resumes from %s", run_dir)
+    wall = time.perf_counter() - t0
+    for spec, head in zip(specs, heads):
+        save_draft(head.model, target.cfg, spec.out, 8192)
+        write_card(args, spec, head.log, coverage, rows, wall)
+        plot_log(head.log, spec.out / "training.png")
+        (spec.out / "train_log.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in head.log))
 
 
-def write_card(args: argparse.Namespace, log: list[dict], coverage: dict[int, float],
-               rows: list[dict], wall_s: float) -> None:
+def write_card(args: argparse.Namespace, spec: HeadSpec, log: list[dict],
+               coverage: dict[int, float], rows: list[dict], wall_s: float) -> None:
     last = log[-1] if log else {}
     n_tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     resp_tokens = sum(len(r["response_ids"]) for r in rows)
     cov = ", ".join(f"{k}: {v:.3f}" for k, v in coverage.items())
-    card = f"""# {args.out.name}
+    card = f"""# {spec.out.name}
 
 EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 `python -m eagle_engine train` in this repository.
 
 | | |
 |---|---|
-| input | {"aux hidden states (inputs of target layers 2, 15, 27)" if not args.no_aux else "target final hidden (aux off)"} |
-| draft layers | {args.num_layers} |
+| input | {"aux hidden states (inputs of target layers 2, 15, 27)" if spec.use_aux else "target final hidden (aux off)"} |
+| draft layers | {spec.num_layers} |
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
 | data | {len(rows)} self-distilled responses to prompts of `{args.prompts.name}` ({n_tokens} tokens, {resp_tokens} response tokens) |
 | training | {len(log)} steps, {args.epochs} epochs, TTT length {args.ttt_length}, lr {args.lr} |
 | final loss / step-0 accuracy | {last.get("loss", float("nan")):.3f} / {last.get("step_acc", [float("nan")])[0]:.3f} |
-| wall time (this 2-core CPU, whole pipeline run) | {wall_s / 60:.1f} min |
+| wall time (whole pipeline run, device `{args.device}`{", features per batch" if args.online else ""}) | {wall_s / 60:.1f} min |
 
 Draft-vocabulary coverage of response tokens by size: {cov}.
 
 Acceptance (tau) per dataset: see the README's benchmark table (`python -m eagle_engine bench`).
 """
-    (args.out / "README.md").write_text(card)
+    (spec.out / "README.md").write_text(card)
 
 
 def plot_log(log: list[dict], path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Stage 4: training-time-test (TTT) training of an EAGLE-3 head on cached target features.
+"""Stage 4: training-time-test (TTT) training of EAGLE-3 heads on target features.
 
 Step 0 at position t sees (target feature at t, token t+1) and learns the target's distribution
 for token t+2; steps k = 1..ttt_length-1 feed the draft's own pre-norm output back as the hidden,
@@ -6,8 +6,10 @@ with RoPE position t+k, attending to the step-0 keys at positions <= t plus the 
 its own earlier steps at t — exactly what a decode step sees at inference. Loss per step is the
 soft cross-entropy against the target restricted to the draft vocabulary (renormalized), weighted
 0.8^k; positions whose target argmax is outside the draft vocabulary are masked. Checkpoints and
-a JSONL log are written to the run directory; an interrupted run resumes from the last checkpoint.
-Not here: feature extraction or evaluation.
+a JSONL log per head are written to the run directory; an interrupted run resumes from the last
+checkpoint. Several heads (aux on/off, layer counts) can train on the same batches. Not here:
+where features come from (`features.py` caches them, `online.py` computes them per batch) or
+evaluation.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,27 +40,30 @@ class TrainParams:
     grad_clip: float = 0.5
     seed: int = 0
     max_seq_len: int = 1024
-    max_minutes: float | None = None  # time budget: shortens the schedule after 3 timed steps
+    max_minutes: float | None = None  # time budget: shortens the schedule after 13 steps
 
 
 @dataclass(slots=True)
 class Batch:
+    """One step's padded features, shared by every head trained on it (they share the draft
+    vocabulary); `ttt_loss` picks `aux` or `final` as the input by the head's config."""
     ids: torch.Tensor  # [B, T] int64 (0-padded)
-    aux: torch.Tensor  # [B, T, W] target features (aux or final hidden)
-    final: torch.Tensor  # [B, T, Ht] normed target hidden
+    aux: torch.Tensor  # [B, T, num_aux * Ht] target aux hidden states
+    final: torch.Tensor  # [B, T, Ht] normed target hidden (the aux-off input, and target logits)
     valid: torch.Tensor  # [B, T] bool: response token with a target inside the draft vocab
     argmax: torch.Tensor  # [B, T] int64 target argmax
 
 
-def group_batches(samples: list[Sample], tokens_per_batch: int, rng: random.Random
+def group_batches(lengths: list[int], tokens_per_batch: int, rng: random.Random
                   ) -> list[list[int]]:
-    """Sample indices grouped by similar length into batches of about `tokens_per_batch` padded
-    tokens, in shuffled order. Only indices: tensors are built per step by `collate`, so an
-    epoch never holds a second, padded copy of the features in memory."""
-    order = sorted(range(len(samples)), key=lambda i: samples[i].ids.numel())
+    """Indices of sequences (of `lengths` tokens) grouped by similar length into batches of
+    about `tokens_per_batch` padded tokens, in shuffled order. Only indices: tensors are built
+    per step (`collate`, `online.online_batch`), so an epoch never holds a second, padded copy
+    of the features in memory."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     groups, cur, longest = [], [], 0
     for i in order:
-        T = samples[i].ids.numel()
+        T = lengths[i]
         if cur and max(longest, T) * (len(cur) + 1) > tokens_per_batch:
             groups.append(cur)
             cur, longest = [], 0
@@ -69,20 +75,18 @@ def group_batches(samples: list[Sample], tokens_per_batch: int, rng: random.Rand
     return groups
 
 
-def collate(samples: list[Sample], group: list[int], use_aux: bool, in_vocab: torch.Tensor
-            ) -> Batch:
-    """Pad the samples of one group to a `Batch`."""
+def collate(samples: list[Sample], group: list[int], in_vocab: torch.Tensor) -> Batch:
+    """Pad the cached samples of one group to a `Batch`."""
     T = max(samples[i].ids.numel() for i in group)
 
     def pad(t: torch.Tensor) -> torch.Tensor:
         return F.pad(t, (0, 0, 0, T - t.shape[0])) if t.dim() == 2 else F.pad(
             t, (0, T - t.shape[0]))
-    feats = [samples[i].aux if use_aux else samples[i].final for i in group]
     valid = [samples[i].loss_mask & in_vocab[samples[i].argmax] for i in group]
     for v in valid:
         v[-1] = False  # the last token's target predicts past the end of the response
     return Batch(ids=torch.stack([pad(samples[i].ids) for i in group]),
-                 aux=torch.stack([pad(f) for f in feats]),
+                 aux=torch.stack([pad(samples[i].aux) for i in group]),
                  final=torch.stack([pad(samples[i].final) for i in group]),
                  valid=torch.stack([pad(v) for v in valid]),
                  argmax=torch.stack([pad(samples[i].argmax) for i in group]))
@@ -133,10 +137,10 @@ def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params
     """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax)."""
     B, T = batch.ids.shape
     K = min(params.ttt_length, T - 2)
-    h = model.project(batch.aux)
+    h = model.project(batch.aux if model.cfg.use_aux_hidden_state else batch.final)
     kv = [([], []) for _ in model.layers]
     hot = model.hot_ids
-    base_pos = torch.arange(T)[None].expand(B, T)
+    base_pos = torch.arange(T, device=batch.ids.device)[None].expand(B, T)
     total, losses, accs = 0.0, [], []
     for k in range(K):
         shift = k + 1  # step k at position t consumes token t+k+1 and predicts token t+k+2
@@ -165,66 +169,113 @@ def lr_at(step: int, total: int, params: TrainParams) -> float:
     return params.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train(model: Eagle3Draft, samples: list[Sample], target_lm_head: torch.Tensor,
-          run_dir: Path, params: TrainParams) -> list[dict]:
-    """Train `model` in place (fp32 master weights, bf16 autocast); returns the log rows."""
+def train_step(model: Eagle3Draft, opt: torch.optim.Optimizer, trainable: list[torch.Tensor],
+               batch: Batch, target_head: torch.Tensor, params: TrainParams, lr: float
+               ) -> tuple[torch.Tensor, list[float], list[float]]:
+    """One optimizer step (bf16 autocast on the batch's device) -> `ttt_loss`'s results."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with torch.autocast(batch.ids.device.type, dtype=torch.bfloat16):
+        loss, losses, accs = ttt_loss(model, batch, target_head, params)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
+    opt.step()
+    return loss.detach(), losses, accs
+
+
+def new_optimizer(model: Eagle3Draft, params: TrainParams
+                  ) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+    """AdamW over every parameter but the (frozen, shared) embedding -> (optimizer, params)."""
+    trainable = [p for n, p in model.named_parameters() if not n.startswith("embed_tokens")]
+    return torch.optim.AdamW(trainable, lr=params.lr, betas=(0.9, 0.95), weight_decay=0.0), \
+        trainable
+
+
+@dataclass
+class Head:
+    """One head being trained: its model, optimizer and log rows."""
+    name: str
+    model: Eagle3Draft
+    opt: torch.optim.Optimizer
+    trainable: list[torch.Tensor]
+    target_head: torch.Tensor  # [Vd, Ht] bf16 target lm_head rows of the draft vocabulary
+    log: list[dict]
+
+
+def new_head(name: str, model: Eagle3Draft, target_lm_head: torch.Tensor, params: TrainParams
+             ) -> Head:
+    opt, trainable = new_optimizer(model, params)
+    return Head(name, model, opt, trainable,
+                target_lm_head[model.hot_ids].to(torch.bfloat16), [])
+
+
+def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]], Batch],
+          run_dir: Path, params: TrainParams, deadline: float | None = None) -> bool:
+    """Train every head in place on the same batches (fp32 master weights, bf16 autocast).
+    `make_batch(indices)` builds a step's `Batch` from sequence indices (cached features or a
+    target forward). Resumes from `run_dir/checkpoint.pt`; stops early, checkpointed, once
+    `time.time()` passes `deadline`. Returns True when the schedule is complete."""
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(params.seed)
     rng = random.Random(params.seed)
-    hot = model.hot_ids
-    in_vocab = torch.zeros(model.cfg.vocab_size, dtype=torch.bool)
-    in_vocab[hot] = True
-    target_head = target_lm_head[hot].to(torch.bfloat16)  # [Vd, Ht] target head on draft vocab
-    trainable = [p for n, p in model.named_parameters() if not n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW(trainable, lr=params.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epochs = math.ceil(params.epochs)
-    per_epoch = len(group_batches(samples, params.tokens_per_batch, random.Random(0)))
+    per_epoch = len(group_batches(lengths, params.tokens_per_batch, random.Random(0)))
     total_steps = int(per_epoch * params.epochs)
-    ckpt, log_path = run_dir / "checkpoint.pt", run_dir / "train_log.jsonl"
-    step, log = 0, []
+    ckpt = run_dir / "checkpoint.pt"
+    logs = {h.name: run_dir / f"train_log_{h.name}.jsonl" for h in heads}
+    step, budget_set = 0, params.max_minutes is None
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
-        model.load_state_dict(state["model"], strict=False)
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-        total_steps = state["total_steps"]
-        log = [r for r in (json.loads(x) for x in log_path.read_text().split("\n") if x.strip())
-               if r["step"] <= step]  # rows after the checkpoint are redone
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in log))
+        step, total_steps, budget_set = state["step"], state["total_steps"], True
+        for h in heads:
+            h.model.load_state_dict(state["heads"][h.name]["model"], strict=False)
+            h.opt.load_state_dict(state["heads"][h.name]["opt"])
+            h.log = [r for r in (json.loads(x) for x in logs[h.name].read_text().split("\n")
+                                 if x.strip()) if r["step"] <= step]  # later rows are redone
+            logs[h.name].write_text("".join(json.dumps(r) + "\n" for r in h.log))
+
+    def save() -> None:
+        torch.save({"step": step, "total_steps": total_steps,
+                    "heads": {h.name: {"model": h.model.state_dict(), "opt": h.opt.state_dict()}
+                              for h in heads}}, ckpt.with_suffix(".tmp"))
+        ckpt.with_suffix(".tmp").rename(ckpt)
+
     t0 = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {run_dir.name}")
     for epoch in range(epochs):
-        groups = group_batches(samples, params.tokens_per_batch, rng)
+        groups = group_batches(lengths, params.tokens_per_batch, rng)
         for i, group in enumerate(groups):
             if epoch * per_epoch + i < step:
                 continue
-            if step >= total_steps:
+            if step >= total_steps or (deadline is not None and time.time() > deadline):
                 break
-            batch = collate(samples, group, model.cfg.use_aux_hidden_state, in_vocab)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total_steps, params)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, losses, accs = ttt_loss(model, batch, target_head, params)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
-            opt.step()
+            batch = make_batch(group)
+            lr = lr_at(step, total_steps, params)
+            rows = []
+            for h in heads:
+                loss, losses, accs = train_step(h.model, h.opt, h.trainable, batch,
+                                                h.target_head, params, lr)
+                rows.append({"step": step + 1, "epoch": epoch, "loss": float(loss),
+                             "step_loss": losses, "step_acc": accs, "lr": lr,
+                             "tokens": int(batch.valid.sum()),
+                             "wall_s": time.perf_counter() - t0})
             step += 1
-            if params.max_minutes and step == 3 and len(log) == 2:
-                per_step = (time.perf_counter() - t0) / 3
-                budget = int(params.max_minutes * 60 / per_step)
-                total_steps = max(4, min(total_steps, budget))
-                bar.total = total_steps
-            row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "step_loss": losses,
-                   "step_acc": accs, "lr": opt.param_groups[0]["lr"],
-                   "tokens": int(batch.valid.sum()), "wall_s": time.perf_counter() - t0}
-            log.append(row)
-            with log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if step == 3:
+                t3 = time.perf_counter()
+            if not budget_set and step == 13:  # fit the schedule to the time budget
+                per_step = (time.perf_counter() - t3) / 10  # steps 4..13: warmed up
+                left = params.max_minutes * 60 - (time.perf_counter() - t0)
+                total_steps = max(step + 1, min(total_steps, step + int(left / per_step)))
+                bar.total, budget_set = total_steps, True
+            for h, row in zip(heads, rows):
+                h.log.append(row)
+                with logs[h.name].open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             bar.update(1)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{accs[0]:.3f}")
+            bar.set_postfix(loss=f"{rows[0]['loss']:.3f}", acc0=f"{rows[0]['step_acc'][0]:.3f}")
             if step % 50 == 0 or step == total_steps:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                            "total_steps": total_steps}, ckpt)
+                save()
     bar.close()
-    return log
+    save()
+    return step >= total_steps

@@ -1,0 +1,54 @@
+"""Stage 2 done per training step (`--online`): target features computed on the fly from a batch
+of conversations instead of being cached on disk.
+
+On a GPU one batched target forward of a 135M model costs less than reading cached features
+back (1.2 GB per 100k tokens), and the data can be far larger than memory or disk; every head
+trained in the run reads the same forward. On the CPU the cached path (`features.py`) is the
+faster one, since each epoch would repeat the target forward. The features equal the cached
+ones up to batching round-off (`tests/test_train_pipeline.py`). Not here: the loss or the
+training loop (`trainer.py`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import causal_mask
+from ..models.target import TargetModel
+from .trainer import Batch
+
+
+def row_ids(row: dict, max_tokens: int) -> list[int]:
+    """Prompt + response ids of one conversation, cut at `max_tokens` (as `features.extract`)."""
+    return (row["prompt_ids"] + row["response_ids"])[:max_tokens]
+
+
+@torch.inference_mode()
+def _target_pass(target: TargetModel, ids: torch.Tensor, aux_ids: tuple[int, ...]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [B, T] right-padded -> (aux [B, T, A*H], final [B, T, H], argmax [B, T]). Padding
+    sits after every real token, so under the causal mask it changes no real position."""
+    B, T = ids.shape
+    dev = target.device
+    out = target(ids, torch.arange(T, device=dev)[None].expand(B, T),
+                 target.new_cache(batch=B, max_len=T), 0, causal_mask(T, 0, dev), aux_ids)
+    return out.aux_hidden, out.final_hidden, out.logits.argmax(-1)
+
+
+def online_batch(target: TargetModel, rows: list[dict], group: list[int],
+                 aux_ids: tuple[int, ...], in_vocab: torch.Tensor, max_tokens: int = 1024
+                 ) -> Batch:
+    """One training `Batch` for conversations `rows[group]`, features from one target forward.
+    `in_vocab` [V] bool (on the target's device) marks the draft vocabulary."""
+    dev = target.device
+    seqs = [row_ids(rows[i], max_tokens) for i in group]
+    B, T = len(seqs), max(len(s) for s in seqs)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    response = torch.zeros(B, T, dtype=torch.bool)  # [B, T] scored positions before the vocab test
+    for b, (i, s) in enumerate(zip(group, seqs)):
+        ids[b, :len(s)] = torch.tensor(s)
+        response[b, len(rows[i]["prompt_ids"]):len(s) - 1] = True  # the last token predicts past the end
+    ids, response = ids.to(dev), response.to(dev)
+    aux, final, argmax = _target_pass(target, ids, aux_ids)
+    # clone: inference tensors cannot be saved for the heads' backward
+    return Batch(ids=ids, aux=aux.clone(), final=final.clone(),
+                 valid=response & in_vocab[argmax], argmax=argmax.clone())
