@@ -284,7 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=Path(os.environ.get("EAGLE_HEADS_DIR", ROOT / "assets" / "heads")),
                    help="directory of EAGLE-3 head folders (env EAGLE_HEADS_DIR)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
+                   help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
     p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
     p.add_argument("--no-cuda-graphs", action="store_true")
     return p.parse_args(argv)
@@ -303,12 +304,12 @@ def load_engine(args: argparse.Namespace) -> Any:
         importlib.invalidate_caches()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
-    log.info("loading target (bundled) on %s/%s and %d heads from %s…", device, args.dtype,
+    config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
+                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs)
+    log.info("loading target (bundled) on %s/%s and %d heads from %s…", device, config.dtype,
              len(heads), args.heads_dir)
     t0 = time.perf_counter()
-    engine = EagleEngine.load(EngineConfig(target="bundled", drafts=heads, dtype=args.dtype,
-                                           device=device, max_len=args.max_len,
-                                           cuda_graphs=not args.no_cuda_graphs))
+    engine = EagleEngine.load(config)
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engine.head_info())

@@ -29,6 +29,23 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+def native_bf16(device: str) -> bool:
+    """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
+    without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
+    cost ~9x one token in bf16, ~2x in fp32; README, cost model)."""
+    if device.startswith("cuda"):
+        return True
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """'auto' -> 'bf16' where bf16 is native (`native_bf16`), else 'fp32'; other names checked."""
+    if name == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    parse_dtype(name)
+    return name
+
+
 def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from either the transformers-4 or the transformers-5 layout."""
     params = cfg.get("rope_parameters") or {}
@@ -249,9 +266,9 @@ class TreeParams:
     tree nodes including the root."""
 
     # defaults = the fastest shape of the measured sweep on the 2-core CPU (README, "Tree sweep")
-    topk: int = 2
+    topk: int = 4
     num_steps: int = 3
-    num_draft_tokens: int = 6
+    num_draft_tokens: int = 8
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):
@@ -281,7 +298,7 @@ class EngineConfig:
 
     target: str = "bundled"
     drafts: tuple[str, ...] = ("bundled",)
-    dtype: str = "bf16"
+    dtype: str = "auto"  # resolved on construction (`resolve_dtype`): always a concrete name
     device: str = "cpu"
     max_len: int = 4096
     allow_pickle: bool = False
@@ -289,6 +306,6 @@ class EngineConfig:
     packed_weights: bool = True
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         if self.max_len < 16:
             raise ConfigError(f"max_len must be >= 16, got {self.max_len}")

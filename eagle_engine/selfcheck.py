@@ -355,7 +355,7 @@ def model_rows(args: argparse.Namespace) -> list[Row]:
     engines = (eager, loaded)  # `loaded` has graphs on (the default)
     prompt_ids = loaded.encode(args.prompt)
     rows = engine_parity(engines, head, prompt_ids, tree, args.max_new_tokens,
-                         strict=args.dtype == "fp32", label=f"{args.target} {args.dtype}")
+                         strict=config.dtype == "fp32", label=f"{args.target} {config.dtype}")
     rows.append(syncs_per_iteration(engines[1], head, prompt_ids, tree))
     return rows + throughput(engines, head, prompt_ids, tree, args.max_new_tokens, args.repeats)
 

@@ -231,6 +231,22 @@ def test_bad_engine_config(kwargs: dict, named: str) -> None:
     assert named in str(e.value)
 
 
+@pytest.mark.parametrize("avx512_bf16, amx, cpu_dtype", [(False, False, "fp32"),
+                                                         (True, False, "bf16"),
+                                                         (False, True, "bf16")])
+def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch: pytest.MonkeyPatch,
+                                                      avx512_bf16: bool, amx: bool,
+                                                      cpu_dtype: str) -> None:
+    """`dtype="auto"` (the default) resolves on construction: fp32 on a CPU without AVX512-BF16
+    or AMX (bf16 products of several tokens are emulated there), bf16 on other CPUs and CUDA;
+    an explicit dtype is kept."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert EngineConfig().dtype == cpu_dtype
+    assert EngineConfig(device="cuda").dtype == "bf16"
+    assert EngineConfig(dtype="bf16").dtype == "bf16" and EngineConfig(dtype="fp32").dtype == "fp32"
+
+
 def test_target_config_from_dict_reads_qwen2_bias_and_eos_list() -> None:
     cfg = TargetConfig.from_dict({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
                                   "num_hidden_layers": 7, "num_attention_heads": 2,

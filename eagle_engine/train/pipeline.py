@@ -1,10 +1,13 @@
 """`python -m eagle_engine train`: the end-to-end head training pipeline.
 
-    prompts.jsonl -> data (self-distillation) -> features -> vocab -> TTT training -> head dir
+    prompts.jsonl -> data (self-distillation) -> features -> vocab -> TTT training -> head dirs
 
-Stages cache their outputs in `--work-dir` (outside git) and resume; the head is written in the
-standard HF EAGLE-3 format with a model card, the training log and a loss/accuracy plot.
-`--quick` is a tiny configuration that exercises every stage in CI time (not a quality run).
+Features are cached on disk (the CPU default) or computed per training batch (`--online`, the
+GPU path); `--heads` trains several heads (aux on/off, layer counts) on the same batches. Stages
+cache their outputs in `--work-dir` (outside git) and resume, also after `--stop-after-minutes`
+ends an invocation; each head is written in the standard HF EAGLE-3 format with a model card,
+the training log and a loss/accuracy plot. `--quick` is a tiny configuration that exercises
+every stage in CI time (not a quality run).
 """
 from __future__ import annotations
 
@@ -250,7 +253,7 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 | draft layers | {spec.num_layers} |
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
 | data | {len(rows)} self-distilled responses to prompts of `{args.prompts.name}` ({n_tokens} tokens, {resp_tokens} response tokens) |
-| training | {len(log)} steps, {args.epochs} epochs, TTT length {args.ttt_length}, lr {args.lr} |
+| training | {len(log)} steps of ~{args.tokens_per_batch} tokens, reaching epoch {last.get("epoch", 0) + 1} of {args.epochs}{" (schedule fitted to --max-minutes " + str(args.max_minutes) + ")" if args.max_minutes else ""}, TTT length {args.ttt_length}, lr {args.lr} |
 | final loss / step-0 accuracy | {last.get("loss", float("nan")):.3f} / {last.get("step_acc", [float("nan")])[0]:.3f} |
 | wall time (whole pipeline run, device `{args.device}`{", features per batch" if args.online else ""}) | {wall_s / 60:.1f} min |
 
