@@ -166,6 +166,7 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     """Two heads (aux on / off) trained on the same online batches: a run stopped by its
     deadline after 3 steps and resumed from its checkpoint ends with exactly the weights of an
     uninterrupted run."""
+    from eagle_engine.config import ConfigError
     from eagle_engine.train import trainer
     from eagle_engine.train.online import online_batch
     from eagle_engine.train.pipeline import draft_config
@@ -211,6 +212,10 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
         for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(p, q), name
     assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads
+    other = heads()[:1]
+    other[0].name = "other"
+    with pytest.raises(ConfigError, match=r"no state for heads \['other'\]"):
+        trainer.train(other, lengths, make_batch, tmp_path / "cut", params)
 
 
 def test_head_specs_name_bad_items(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..config import ConfigError
 from ..models.draft_model import DraftLayer, Eagle3Draft
 from .features import Sample
 
@@ -227,6 +228,10 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
     step, budget_set = 0, params.max_minutes is None
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
+        missing = sorted({h.name for h in heads} - set(state.get("heads", {})))
+        if missing:
+            raise ConfigError(f"{ckpt} holds no state for heads {missing} (another run or an "
+                              "older format): remove it or use another --work-dir")
         step, total_steps, budget_set = state["step"], state["total_steps"], True
         for h in heads:
             h.model.load_state_dict(state["heads"][h.name]["model"], strict=False)
