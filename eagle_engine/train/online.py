@@ -2,8 +2,8 @@
 of conversations instead of being cached on disk.
 
 On a GPU one batched target forward of a 135M model costs less than reading cached features
-back (1.2 GB per 100k tokens), and the data can be far larger than memory or disk; every head
-trained in the run reads the same forward. On the CPU the cached path (`features.py`) is the
+back (4.6 KB per token in bf16 for this target), and the data can outgrow memory and disk; every
+head trained in the run reads the same forward. On the CPU the cached path (`features.py`) is the
 faster one, since each epoch would repeat the target forward. The features equal the cached
 ones up to batching round-off (`tests/test_train_pipeline.py`). Not here: the loss or the
 training loop (`trainer.py`).
@@ -46,7 +46,8 @@ def online_batch(target: TargetModel, rows: list[dict], group: list[int],
     response = torch.zeros(B, T, dtype=torch.bool)  # [B, T] scored positions before the vocab test
     for b, (i, s) in enumerate(zip(group, seqs)):
         ids[b, :len(s)] = torch.tensor(s)
-        response[b, len(rows[i]["prompt_ids"]):len(s) - 1] = True  # the last token predicts past the end
+        # answer positions; the last token's target lies past the end
+        response[b, len(rows[i]["prompt_ids"]):len(s) - 1] = True
     ids, response = ids.to(dev), response.to(dev)
     aux, final, argmax = _target_pass(target, ids, aux_ids)
     # clone: inference tensors cannot be saved for the heads' backward

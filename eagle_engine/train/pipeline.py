@@ -242,6 +242,9 @@ def write_card(args: argparse.Namespace, spec: HeadSpec, log: list[dict],
     n_tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     resp_tokens = sum(len(r["response_ids"]) for r in rows)
     cov = ", ".join(f"{k}: {v:.3f}" for k, v in coverage.items())
+    epoch = last.get("epoch", 0) + 1
+    budget = f" (schedule fitted to --max-minutes {args.max_minutes})" if args.max_minutes else ""
+    online = ", features per batch" if args.online else ""
     card = f"""# {spec.out.name}
 
 EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
@@ -253,9 +256,9 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 | draft layers | {spec.num_layers} |
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
 | data | {len(rows)} self-distilled responses to prompts of `{args.prompts.name}` ({n_tokens} tokens, {resp_tokens} response tokens) |
-| training | {len(log)} steps of ~{args.tokens_per_batch} tokens, reaching epoch {last.get("epoch", 0) + 1} of {args.epochs}{" (schedule fitted to --max-minutes " + str(args.max_minutes) + ")" if args.max_minutes else ""}, TTT length {args.ttt_length}, lr {args.lr} |
+| training | {len(log)} steps of ~{args.tokens_per_batch} tokens, reaching epoch {epoch} of {args.epochs}{budget}, TTT length {args.ttt_length}, lr {args.lr} |
 | final loss / step-0 accuracy | {last.get("loss", float("nan")):.3f} / {last.get("step_acc", [float("nan")])[0]:.3f} |
-| wall time (whole pipeline run, device `{args.device}`{", features per batch" if args.online else ""}) | {wall_s / 60:.1f} min |
+| wall time (whole pipeline run, device `{args.device}`{online}) | {wall_s / 60:.1f} min |
 
 Draft-vocabulary coverage of response tokens by size: {cov}.
 
