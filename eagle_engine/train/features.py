@@ -29,6 +29,11 @@ class Sample:
     argmax: torch.Tensor  # [T] int64 target argmax at each position
 
 
+def row_ids(row: dict, max_tokens: int) -> list[int]:
+    """Prompt + response ids of one conversation, cut at `max_tokens`."""
+    return (row["prompt_ids"] + row["response_ids"])[:max_tokens]
+
+
 def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
@@ -48,7 +53,7 @@ def extract(model: TargetModel, rows: list[dict], aux_ids: tuple[int, ...], out_
             continue
         samples = []
         for row in chunk:
-            ids = (row["prompt_ids"] + row["response_ids"])[:max_tokens]
+            ids = row_ids(row, max_tokens)
             T = len(ids)
             x = torch.tensor([ids], device=model.device)
             cache = model.new_cache(max_len=T)

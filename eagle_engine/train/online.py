@@ -14,12 +14,8 @@ import torch
 
 from ..kv_cache import causal_mask
 from ..models.target import TargetModel
+from .features import row_ids
 from .trainer import Batch
-
-
-def row_ids(row: dict, max_tokens: int) -> list[int]:
-    """Prompt + response ids of one conversation, cut at `max_tokens` (as `features.extract`)."""
-    return (row["prompt_ids"] + row["response_ids"])[:max_tokens]
 
 
 @torch.inference_mode()

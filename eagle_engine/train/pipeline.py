@@ -26,8 +26,8 @@ from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
 from .data import answer_ids, generate_responses, select_prompts
-from .features import extract, load_samples, read_rows
-from .online import online_batch, row_ids
+from .features import extract, load_samples, read_rows, row_ids
+from .online import online_batch
 from .trainer import Batch, TrainParams, collate, new_head, train
 from .vocab import coverage_table, select_vocab, token_counts
 
