@@ -226,9 +226,32 @@ def test_head_specs_name_bad_items(tmp_path: Path) -> None:
         return head_specs(argparse.Namespace(heads=heads, out=tmp_path, num_layers=1,
                                              no_aux=False))
 
-    assert [(s.out.name, s.num_layers, s.use_aux) for s in specs("a:1:aux,b:2:noaux")] == [
-        ("a", 1, True), ("b", 2, False)]
+    assert [(s.out.name, s.num_layers, s.use_aux, s.fc_norm)
+            for s in specs("a:1:aux,b:2:noaux,c:1:auxnorm")] == [
+        ("a", 1, True, False), ("b", 2, False, False), ("c", 1, True, True)]
     for bad, words in (("a:1", "a:1"), ("a:0:aux", "a:0:aux"), ("a:1:both", "a:1:both"),
                        ("a:1:aux,a:2:aux", "repeat")):
         with pytest.raises(ConfigError, match=words):
             specs(bad)
+
+
+def test_auxnorm_head_normalizes_each_aux_chunk_before_fc() -> None:
+    """`auxnorm` heads get one RMSNorm per aux chunk (saved as `fc_norm.{j}`, config `fc_norm`);
+    rescaling one chunk then leaves the draft's output unchanged, unlike a plain aux head."""
+    from types import SimpleNamespace
+
+    from eagle_engine.train.pipeline import draft_config
+
+    t = SimpleNamespace(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2,
+                        head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=96)
+    feats = torch.randn(1, 3, 3 * 32)
+    scaled = feats.clone()
+    scaled[..., 32:64] *= 1000  # a massive-activation layer
+    for fc_norm in (False, True):
+        torch.manual_seed(0)
+        cfg = draft_config(t, 1, True, 48, fc_norm)
+        assert cfg.fc_norm is fc_norm
+        model = Eagle3Draft(cfg, 64).float()
+        assert hasattr(model, "fc_norm") is fc_norm
+        same = torch.allclose(model.project(feats), model.project(scaled), atol=1e-5)
+        assert same is fc_norm

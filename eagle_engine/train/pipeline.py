@@ -42,7 +42,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True,
                    help="head directory to write (with --heads: the parent of the heads)")
     p.add_argument("--heads", default=None,
-                   help="several heads on the same batches: NAME:LAYERS:aux|noaux,... "
+                   help="several heads on the same batches: NAME:LAYERS:aux|auxnorm|noaux,... "
+                        "(auxnorm: aux with an RMSNorm per aux chunk before fc) "
                         "(default: one head from --num-layers / --no-aux)")
     p.add_argument("--work-dir", type=Path, default=Path("runs/train"),
                    help="cache for responses, features and checkpoints (outside git)")
@@ -86,20 +87,22 @@ class HeadSpec:
     out: Path
     num_layers: int
     use_aux: bool
+    fc_norm: bool = False  # RMSNorm on each aux chunk before `fc` (EAGLE 3.1's fc_norm)
 
 
 def head_specs(args: argparse.Namespace) -> list[HeadSpec]:
-    """`--heads NAME:LAYERS:aux|noaux,...` under `--out`, or the one head `--out`."""
+    """`--heads NAME:LAYERS:aux|auxnorm|noaux,...` under `--out`, or the one head `--out`."""
     if not args.heads:
         return [HeadSpec(args.out, args.num_layers, not args.no_aux)]
     specs = []
     for item in args.heads.split(","):
         parts = item.split(":")
         if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < 1 \
-                or parts[2] not in ("aux", "noaux"):
-            raise ConfigError(f"--heads item {item!r} is not NAME:LAYERS:aux|noaux "
+                or parts[2] not in ("aux", "auxnorm", "noaux"):
+            raise ConfigError(f"--heads item {item!r} is not NAME:LAYERS:aux|auxnorm|noaux "
                               "(e.g. eagle3-aux-1layer:1:aux)")
-        specs.append(HeadSpec(args.out / parts[0], int(parts[1]), parts[2] == "aux"))
+        specs.append(HeadSpec(args.out / parts[0], int(parts[1]), parts[2] != "noaux",
+                              parts[2] == "auxnorm"))
     if len({s.out.name for s in specs}) != len(specs):
         raise ConfigError(f"--heads names repeat: {args.heads!r}")
     return specs
@@ -121,7 +124,8 @@ def quick_overrides(args: argparse.Namespace) -> None:
     args.draft_vocab, args.epochs, args.ttt_length, args.tokens_per_batch = 512, 1.0, 3, 1024
 
 
-def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int) -> DraftConfig:  # noqa: ANN001
+def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int,  # noqa: ANN001
+                 fc_norm: bool = False) -> DraftConfig:
     """Our head's shape: one target-sized decoder layer (or more) and a reduced vocabulary."""
     t = target_cfg
     return DraftConfig.from_dict({
@@ -129,7 +133,8 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int) -> Draf
         "num_attention_heads": t.num_heads, "num_key_value_heads": t.num_kv_heads,
         "head_dim": t.head_dim, "num_hidden_layers": num_layers, "rms_norm_eps": t.rms_norm_eps,
         "rope_theta": t.rope_theta, "vocab_size": t.vocab_size, "draft_vocab_size": vocab,
-        "target_hidden_size": t.hidden_size, "eagle_config": {"use_aux_hidden_state": use_aux}})
+        "target_hidden_size": t.hidden_size, "fc_norm": fc_norm,
+        "eagle_config": {"use_aux_hidden_state": use_aux}})
 
 
 def inherited_vocab(init_from: Path, hot: torch.Tensor) -> torch.Tensor:
@@ -203,7 +208,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
     for spec in specs:
         torch.manual_seed(args.seed)
         model = Eagle3Draft(draft_config(target.cfg, spec.num_layers, spec.use_aux,
-                                         args.draft_vocab), 2048 + 64).float()
+                                         args.draft_vocab, spec.fc_norm), 2048 + 64).float()
         init_head(model, target, hot, args.init_from)
         model.to(args.device)
         model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
@@ -252,7 +257,7 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 
 | | |
 |---|---|
-| input | {"aux hidden states (inputs of target layers 2, 15, 27)" if spec.use_aux else "target final hidden (aux off)"} |
+| input | {"aux hidden states (inputs of target layers 2, 15, 27)" if spec.use_aux else "target final hidden (aux off)"}{", each RMS-normed before fc (fc_norm)" if spec.fc_norm else ""} |
 | draft layers | {spec.num_layers} |
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
 | data | {len(rows)} self-distilled responses to prompts of `{args.prompts.name}` ({n_tokens} tokens, {resp_tokens} response tokens) |
