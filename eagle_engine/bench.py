@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -60,8 +60,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--modes", default="ar,eagle")
-    p.add_argument("--heads", default=None, help="comma-separated bundled head names "
-                   "(default: --draft)")
+    p.add_argument("--heads", default=None, help="comma-separated heads to compare: bundled "
+                   "head names or head directories (default: --draft)")
     p.add_argument("--sweep", default=None, help="tree shapes 'topk,steps,tokens;...'")
     p.add_argument("--costs", action="store_true", help="measure verify/draft cost ratios")
     p.add_argument("--first-turn-only", action="store_true")
@@ -159,19 +159,24 @@ def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 2
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from .cli import pick_head
-    from .engine import EagleEngine
+    from .engine import EagleEngine, head_name
 
     rows = load_rows(args.prompts, args.limit)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("ar", "eagle")]
     if bad:
         raise ConfigError(f"unknown modes {bad}; use ar and/or eagle")
-    engine = EagleEngine.load(engine_config(args, need_draft="eagle" in modes))
+    config = engine_config(args, need_draft="eagle" in modes)
+    specs = [h for h in args.heads.split(",") if h] if args.heads and "eagle" in modes else []
+    names = [head_name(h) for h in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--heads {args.heads!r} names two heads alike ({names}); "
+                          "give heads with different directory names")
+    engine = EagleEngine.load(replace(config, drafts=tuple(specs)) if specs else config)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
-    heads = args.heads.split(",") if args.heads else [pick_head(engine, args.draft)] if (
-        "eagle" in modes) else []
+    heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
     runs: list[tuple[str, str | None, TreeParams]] = [("ar", None, tree)] if "ar" in modes else []
     trees = parse_sweep(args.sweep) if args.sweep else [tree]
     for h in heads:

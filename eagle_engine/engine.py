@@ -63,6 +63,13 @@ def head_source(spec: str) -> Path | str:
     return path if path.exists() else spec
 
 
+def head_name(spec: str) -> str:
+    """The name a head loaded from `spec` gets in `EagleEngine.heads`: its directory's name, or
+    the spec itself for a hub id."""
+    source = head_source(spec)
+    return source.name if isinstance(source, Path) else spec
+
+
 def bundled_head_dirs() -> list[Path]:
     return sorted(p for p in ASSETS.glob("*") if (p / "config.json").is_file())
 
@@ -90,9 +97,7 @@ class EagleEngine:
         if config.drafts == ("bundled",) and config.target != "bundled":
             specs = []
         for spec in specs:
-            source = head_source(spec)
-            name = source.name if isinstance(source, Path) else spec
-            heads[name] = load_draft(source, target.cfg, target.embed_tokens, target.lm_head,
+            heads[head_name(spec)] = load_draft(head_source(spec), target.cfg, target.embed_tokens, target.lm_head,
                                      config.max_len + 512, dtype, config.device,
                                      config.allow_pickle)
         if config.packed_weights and can_pack(config.device, dtype):

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from eagle_engine import bench
 from eagle_engine.cli import main
 from eagle_engine.config import TargetConfig, TreeParams
+from eagle_engine.engine import ASSETS
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
 from tests.helpers import random_head, save_head, tiny_engine
@@ -160,6 +161,18 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     capsys.readouterr()
     assert "unknown modes ['fast']" in fails(["bench", "--prompts", str(prompts), "--modes",
                                               "ar,fast"], capsys)
+    copy = shutil.copytree(ASSETS / "eagle3-aux-1layer", tmp_path / "my-head")
+    assert main(["bench", "--prompts", str(prompts), "--limit", "1", "--first-turn-only",
+                 "--max-new-tokens", "6", "--modes", "ar,eagle", "--dtype", "fp32",
+                 "--max-len", "512", "--heads", f"{copy},eagle3-noaux-1layer",
+                 "--json", str(out)]) == 0  # a head directory beside a bundled head name
+    modes = json.loads(out.read_text())["modes"]
+    assert [k.split(" ")[0] for k in modes] == ["ar", "eagle[my-head", "eagle[eagle3-noaux-1layer"]
+    assert all(m["greedy_same_as_baseline"] == "1/1" for m in list(modes.values())[1:])
+    capsys.readouterr()
+    twin = shutil.copytree(copy, tmp_path / "x" / "my-head")
+    assert "names two heads alike" in fails(
+        ["bench", "--prompts", str(prompts), "--heads", f"{copy},{twin}"], capsys)
 
 
 def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
