@@ -97,9 +97,10 @@ class EagleEngine:
         if config.drafts == ("bundled",) and config.target != "bundled":
             specs = []
         for spec in specs:
-            heads[head_name(spec)] = load_draft(head_source(spec), target.cfg, target.embed_tokens, target.lm_head,
-                                     config.max_len + 512, dtype, config.device,
-                                     config.allow_pickle)
+            heads[head_name(spec)] = load_draft(head_source(spec), target.cfg,
+                                                target.embed_tokens, target.lm_head,
+                                                config.max_len + 512, dtype, config.device,
+                                                config.allow_pickle)
         if config.packed_weights and can_pack(config.device, dtype):
             for model in (target, *heads.values()):
                 pack_linears(model)
