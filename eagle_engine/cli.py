@@ -49,15 +49,18 @@ def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineCo
 
 
 def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily
-    """'bundled' -> the default bundled head; a path -> the head loaded from it."""
-    from .engine import DEFAULT_HEAD
+    """'bundled' -> the default bundled head; a bundled name, path or hub id -> the head loaded
+    from it (named as `EagleEngine.load` names it)."""
+    from .engine import DEFAULT_HEAD, head_name
 
     if not engine.heads:
         raise ConfigError("no draft head is loaded; pass --draft DIR or use --no-spec")
     if name == "bundled":
         return DEFAULT_HEAD if DEFAULT_HEAD in engine.heads else next(iter(engine.heads))
-    key = name.rstrip("/").rsplit("/", 1)[-1]
-    return key if key in engine.heads else next(iter(engine.heads))
+    key = head_name(name)
+    if key not in engine.heads:
+        raise ConfigError(f"draft head {name!r} is not loaded; loaded: {sorted(engine.heads)}")
+    return key
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

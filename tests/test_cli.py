@@ -201,3 +201,20 @@ def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
     assert costs["target_1_token_ms"] == pytest.approx(1.0)
     assert costs["verify_cost_vs_1_token"] == {8: 8.0, 16: 16.0, 32: 32.0, 48: 48.0, 64: 64.0}
     assert costs["draft_step_cost_vs_target_token"] == {1: 0.1, 4: 0.4, 8: 0.8}
+
+
+def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
+    """A head directory (trailing slash or not) is found by its name, a hub id by the id itself
+    (not its last path part), a bundled name by itself; a head that is not loaded is an error."""
+    from types import SimpleNamespace
+
+    from eagle_engine.cli import pick_head
+    from eagle_engine.config import ConfigError
+
+    (tmp_path / "my-head").mkdir()
+    engine = SimpleNamespace(heads={"my-head": 0, "owner/hub-head": 1, "eagle3-noaux-1layer": 2})
+    assert pick_head(engine, f"{tmp_path}/my-head/") == "my-head"
+    assert pick_head(engine, "owner/hub-head") == "owner/hub-head"
+    assert pick_head(engine, "eagle3-noaux-1layer") == "eagle3-noaux-1layer"
+    with pytest.raises(ConfigError, match=r"draft head 'owner/other' is not loaded"):
+        pick_head(engine, "owner/other")
