@@ -236,8 +236,9 @@ def test_head_specs_name_bad_items(tmp_path: Path) -> None:
 
 
 def test_auxnorm_head_normalizes_each_aux_chunk_before_fc() -> None:
-    """`auxnorm` heads get one RMSNorm per aux chunk (saved as `fc_norm.{j}`, config `fc_norm`);
-    rescaling one chunk then leaves the draft's output unchanged, unlike a plain aux head."""
+    """`auxnorm` heads get config `fc_norm` and one RMSNorm per aux chunk: rescaling one chunk
+    then leaves the projected draft input `fc(...)` unchanged, unlike a plain aux head (saving
+    and loading `fc_norm.{j}` is tested in test_draft_io.py)."""
     from types import SimpleNamespace
 
     from eagle_engine.train.pipeline import draft_config
