@@ -17,7 +17,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,22 +133,29 @@ def layer_step(layer: DraftLayer, model: Eagle3Draft, h: torch.Tensor, embeds: t
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params: TrainParams
-             ) -> tuple[torch.Tensor, list[float], list[float]]:
-    """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax)."""
+def ttt_hidden(model: Eagle3Draft, batch: Batch, num_steps: int) -> Iterator[torch.Tensor]:
+    """Yield the draft's pre-norm hidden [B, T, Hd] after each TTT step; step k at position t
+    consumes token t+k+1 (teacher-forced) and predicts token t+k+2."""
     B, T = batch.ids.shape
-    K = min(params.ttt_length, T - 2)
     h = model.project(batch.aux if model.cfg.use_aux_hidden_state else batch.final)
     kv = [([], []) for _ in model.layers]
-    hot = model.hot_ids
     base_pos = torch.arange(T, device=batch.ids.device)[None].expand(B, T)
-    total, losses, accs = 0.0, [], []
-    for k in range(K):
-        shift = k + 1  # step k at position t consumes token t+k+1 and predicts token t+k+2
-        ids = F.pad(batch.ids[:, shift:], (0, shift))
+    for k in range(num_steps):
+        ids = F.pad(batch.ids[:, k + 1:], (0, k + 1))
         embeds = model.embed_tokens(ids).to(h.dtype)
         for layer, cache in zip(model.layers, kv):
             h = layer_step(layer, model, h, embeds, base_pos + k, cache)
+        yield h
+
+
+def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params: TrainParams
+             ) -> tuple[torch.Tensor, list[float], list[float]]:
+    """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax)."""
+    K = min(params.ttt_length, batch.ids.shape[1] - 2)
+    hot = model.hot_ids
+    total, losses, accs = 0.0, [], []
+    for k, h in enumerate(ttt_hidden(model, batch, K)):
+        shift = k + 1  # step k's output at position t is scored against the target at t+k+1
         valid = F.pad(batch.valid[:, shift:], (0, shift))  # [B, T]
         final = F.pad(batch.final[:, shift:], (0, 0, 0, shift))[valid]  # [n, Ht]
         logits = model.lm_head(model.norm(h[valid])).float()  # [n, Vd] only where scored
