@@ -30,6 +30,7 @@ class ModeTotals:
     step_tokens: int = 0
     accepted_per_depth: list[int] = field(default_factory=list)
     same_as_baseline: int = 0
+    compared: int = 0  # answers compared with a baseline answer (none for the baseline itself)
     answers: int = 0
 
     def add(self, result, seconds: float) -> None:  # noqa: ANN001 - GenerationResult
@@ -51,7 +52,8 @@ class ModeTotals:
                 "tau": round(self.step_tokens / self.steps, 3) if self.steps else 0.0,
                 "acceptance_per_depth": [round(a / self.steps, 3) for a in
                                          self.accepted_per_depth] if self.steps else [],
-                "greedy_same_as_baseline": f"{self.same_as_baseline}/{self.answers}"}
+                **({"greedy_same_as_baseline": f"{self.same_as_baseline}/{self.compared}"}
+                   if self.compared else {})}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -104,6 +106,7 @@ def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreePa
                     baseline_ids = result.token_ids
                 elif baseline_ids is not None:
                     totals[label].same_as_baseline += result.token_ids == baseline_ids
+                    totals[label].compared += 1
                 first_text = result.text if first_text is None else first_text
             messages.append({"role": "assistant", "content": first_text})
         print(f"[{i + 1}/{len(rows)}] " + "  ".join(
