@@ -31,7 +31,6 @@ class ModeTotals:
     accepted_per_depth: list[int] = field(default_factory=list)
     same_as_baseline: int = 0
     compared: int = 0  # answers compared with a baseline answer (none for the baseline itself)
-    answers: int = 0
 
     def add(self, result, seconds: float) -> None:  # noqa: ANN001 - GenerationResult
         s = result.stats
@@ -44,7 +43,6 @@ class ModeTotals:
                                               len(self.accepted_per_depth))
         for d, a in enumerate(s.accepted_per_depth):
             self.accepted_per_depth[d] += a
-        self.answers += 1
 
     def summary(self) -> dict:
         return {"tokens": self.tokens, "seconds": round(self.seconds, 2),

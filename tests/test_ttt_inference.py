@@ -5,6 +5,8 @@ a shifted token, a wrong attention pattern) would train heads for a different in
 they get, and show up only as low acceptance."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -56,8 +58,8 @@ def test_ttt_steps_equal_the_engine_draft_chain(tiny_target, num_layers: int,
     full = extend(head, EagleDraftExtendInput(ids[1:POS + 2], hidden[0, :POS + 1], 0), cache,
                   head.cfg.draft_vocab_size)
     torch.testing.assert_close(full.topk_p, trained[0].sort(descending=True).values)
-    state = extend(head, EagleDraftExtendInput(ids[1:POS + 2], hidden[0, :POS + 1], 0), cache, 1)
-    tree = draft(head, state, cache, TreeParams(1, STEPS, STEPS + 1))
+    top1 = replace(full, topk_p=full.topk_p[:1], topk_ids=full.topk_ids[:1])
+    tree = draft(head, top1, cache, TreeParams(1, STEPS, STEPS + 1))
     assert tree.tokens.tolist() == ids[POS + 2:POS + 2 + STEPS].tolist()
     expected = torch.stack([p.max().log() for p in trained]).cumsum(0)  # log path probabilities
     torch.testing.assert_close(tree.scores.log(), expected)  # logs: the products get tiny
