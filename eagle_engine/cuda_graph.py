@@ -22,7 +22,7 @@ import torch
 
 from .accept import extend
 from .config import EngineConfig, TreeParams
-from .draft import draft
+from .draft import Frontier, draft, expand, join
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kernels import reference
 from .kv_cache import KVCache
@@ -184,36 +184,20 @@ def draft_decode_static(model: Eagle3Draft, b: GraphBuffers, cache: KVCache,
     eye = torch.eye(K, dtype=torch.bool, device=dev)
     rel = b.cols - b.seq_len  # [L] cache row relative to the committed length
     committed = rel < 0  # [L]
-    scores, tokens = [b.scores], [b.ids]
-    parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
-    frontier = torch.arange(K, device=dev)  # [K] global index of each frontier node
-    frontier_score, frontier_ids, hidden = b.scores, b.ids, b.hidden  # [K], [K], [K, Hd]
-    ancestry = torch.zeros(K, 0, dtype=torch.bool, device=dev)  # [K, step*K] scratch rows
-    offset, hot_ids = K, model.hot_ids
+    front, first = Frontier.first(b.scores, b.ids, b.hidden)
+    levels = [first]
     for step in range(S - 1):
         width = (step + 1) * K
-        tree_bits = torch.cat([ancestry, eye], dim=1)  # [K, width] over scratch rows
+        tree_bits = torch.cat([front.ancestry, eye], dim=1)  # [K, width] over scratch rows
         scratch = tree_bits[:, rel.clamp(0, width - 1)] & ((rel >= 0) & (rel < width))  # [K, L]
         mask = (committed | scratch)[None]  # [1, K, L]
         positions = (b.seq_len + step).expand(1, K)
         rows = b.seq_len + step * K + torch.arange(K, device=dev)  # [K]
-        logits, h = model(frontier_ids[None], hidden[None], positions, cache, 0, mask,
+        logits, h = model(front.ids[None], front.hidden[None], positions, cache, 0, mask,
                           from_target=False, cache_rows=rows)
-        child_p, child_idx = torch.softmax(logits[0], -1).topk(K, dim=-1)  # [K, K]
-        child_ids = hot_ids[child_idx]
-        path = frontier_score[:, None] * child_p  # [K, K] cumulative probability
-        scores.append(path.flatten())
-        tokens.append(child_ids.flatten())
-        parents.append(frontier.repeat_interleave(K))
-        frontier_score, best = path.flatten().topk(K)
-        slot = best // K
-        frontier = offset + best
-        frontier_ids = child_ids.flatten()[best]
-        hidden = h[0, slot]
-        ancestry = torch.cat([ancestry[slot], eye[slot]], dim=1)
-        offset += K * K
-    return DraftTree(scores=torch.cat(scores), tokens=torch.cat(tokens),
-                     parents=torch.cat(parents))
+        front, level = expand(front, logits[0], h[0], model.hot_ids)
+        levels.append(level)
+    return join(levels)
 
 
 class TargetRunner(GraphRunner):
