@@ -109,7 +109,8 @@ def test_decode_runner_equals_the_baseline_step() -> None:
         want = decode(target, token, seq, eager_cache)
         got = runner((token, seq))
         assert torch.equal(want.argmax(), got.argmax())
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # floats to rounding relative to the largest logit, as `selfcheck.phase_parity` compares
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-5 * want.abs().max().item())
         token = int(want.argmax())
 
 

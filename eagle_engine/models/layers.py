@@ -118,19 +118,21 @@ class Attention(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
-    fp32 and long queries use SDPA; short reduced-precision queries (decode, tree verify) use
-    grouped matmuls with an fp32 softmax, which on CPU is several times faster than the bf16 SDPA
-    kernel there (measured: 0.09 vs 0.27 ms for 1 query over 300 keys)."""
+    Long queries (prefill) and GPUs use SDPA. Short queries on CPU (decode, tree verify, draft
+    steps) use grouped matmuls in fp32 whatever the model dtype: the key length S changes every
+    step, and oneDNN's bf16 matmul and the CPU SDPA kernel set up a new kernel for each new S
+    (~0.6 / ~0.4 ms on the 2-core AMX machine, once per forward, more than the attention itself),
+    while MKL's fp32 matmul has no per-shape setup (`benchmarks/attention_shapes.py`)."""
     B, H, T, d = q.shape
     kvh, S = k.shape[1], k.shape[2]
-    if q.dtype == torch.float32 or q.device.type != "cpu" or T > 64:
+    if q.device.type != "cpu" or T > 64:
         attn_mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=H != kvh)
     g = H // kvh
-    scores = (q.reshape(B, kvh, g * T, d) @ k.transpose(-1, -2)).float() * d ** -0.5
+    scores = (q.reshape(B, kvh, g * T, d).float() @ k.float().transpose(-1, -2)) * d ** -0.5
     if mask is not None:
         scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
-    probs = scores.view(B, kvh, g * T, S).softmax(-1)  # fp32: bf16 probs lose the sink token
+    probs = scores.view(B, kvh, g * T, S).softmax(-1)  # fp32 (bf16 probs lose the sink token)
     out = (probs @ v.float()).to(q.dtype)
     return out.view(B, kvh, g, T, d).reshape(B, H, T, d)
 
