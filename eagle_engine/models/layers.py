@@ -120,9 +120,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
     Long queries (prefill) and GPUs use SDPA. Short queries on CPU (decode, tree verify, draft
     steps) use grouped matmuls in fp32 whatever the model dtype: the key length S changes every
-    step, and oneDNN's bf16 matmul and the CPU SDPA kernel set up a new kernel for each new S
-    (~0.6 / ~0.4 ms on the 2-core AMX machine, once per forward, more than the attention itself),
-    while MKL's fp32 matmul has no per-shape setup (`benchmarks/attention_shapes.py`)."""
+    step, and oneDNN's bf16 matmul sets up a new kernel for each new S (~0.8 ms against ~0.1-0.2
+    ms for a length it has seen, on the 2-core AMX machine: once per forward, more than the
+    attention itself), while MKL's fp32 matmul has no per-shape setup
+    (`benchmarks/attention_shapes.py`)."""
     B, H, T, d = q.shape
     kvh, S = k.shape[1], k.shape[2]
     if q.device.type != "cpu" or T > 64:
