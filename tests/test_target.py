@@ -199,3 +199,32 @@ def test_smollm2_greedy_matches_transformers(bundled_dir: Path, smol_tokenizer: 
     assert result.token_ids == seq
     assert result.finished == "length"
     assert result.text == smol_tokenizer.decode(seq, skip_special_tokens=True)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor) -> torch.Tensor:
+    """Plain fp64 softmax attention, each query head reading its KV head h // g."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    scores = (q.double() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("T", [1, 5, 80])  # decode, tree verify, prefill (SDPA on CPU past 64)
+@pytest.mark.parametrize("mask_batch", [1, 2])  # one mask for the batch, or one per row
+def test_attend_equals_reference(device: str, T: int, mask_batch: int) -> None:
+    """Every branch of `attend` (grouped fp32 matmuls, SDPA with GQA, grouped SDPA on GPU) reads
+    the right KV head for each query head and applies the mask row of each query."""
+    from eagle_engine.models.layers import attend
+
+    gen = torch.Generator().manual_seed(T)
+    B, H, kvh, d, S = 2, 6, 2, 16, T + 7
+    q, k, v = (torch.randn(B, n, L, d, generator=gen)
+               for n, L in ((H, T), (kvh, S), (kvh, S)))
+    mask = torch.rand(mask_batch, T, S, generator=gen) > 0.4
+    mask[..., 0] = True  # every query sees at least one key
+    out = attend(*(x.to(device) for x in (q, k, v, mask)))
+    torch.testing.assert_close(out.cpu().double(), reference_attention(q, k, v, mask),
+                               rtol=1e-4, atol=1e-5)

@@ -118,19 +118,29 @@ class Attention(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
-    Long queries (prefill) and GPUs use SDPA. Short queries on CPU (decode, tree verify, draft
-    steps) use grouped matmuls in fp32 whatever the model dtype: the key length S changes every
-    step, and oneDNN's bf16 matmul sets up a new kernel for each new S (~0.8 ms against ~0.1-0.2
-    ms for a length it has seen, on the 2-core AMX machine: once per forward, more than the
+    Queries are grouped by their KV head ([B, KVH, g*T, d], g = H // KVH), so no backend copies
+    the keys once per query head. GPUs run SDPA on the groups: SDPA's own GQA mode with a mask
+    falls back to the math kernel, which repeats the whole KV cache per query head. Long queries
+    on CPU (prefill) use SDPA's GQA mode. Short queries on CPU (decode, tree verify, draft steps)
+    use grouped matmuls in fp32 whatever the model dtype: the key length S changes every step,
+    and oneDNN's bf16 matmul sets up a new kernel for each new S (~0.8 ms against ~0.1-0.2 ms
+    for a length it has seen, on the 2-core AMX machine: once per forward, more than the
     attention itself), while MKL's fp32 matmul has no per-shape setup
     (`benchmarks/attention_shapes.py`)."""
     B, H, T, d = q.shape
     kvh, S = k.shape[1], k.shape[2]
-    if q.device.type != "cpu" or T > 64:
+    g = H // kvh
+    cpu = q.device.type == "cpu"
+    if cpu and T > 64:
         attn_mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=H != kvh)
-    g = H // kvh
-    scores = (q.reshape(B, kvh, g * T, d).float() @ k.float().transpose(-1, -2)) * d ** -0.5
+    qg = q.reshape(B, kvh, g * T, d)  # rows ordered (group, query)
+    if not cpu:
+        attn_mask = None if mask is None else (  # [B, 1, g*T, S]
+            mask[:, None, None].expand(mask.shape[0], 1, g, T, S).reshape(-1, 1, g * T, S))
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=attn_mask)
+        return out.view(B, H, T, d)
+    scores = (qg.float() @ k.float().transpose(-1, -2)) * d ** -0.5
     if mask is not None:
         scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
     probs = scores.view(B, kvh, g * T, S).softmax(-1)  # fp32 (bf16 probs lose the sink token)
