@@ -139,7 +139,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         attn_mask = None if mask is None else (  # [B, 1, g*T, S]
             mask[:, None, None].expand(mask.shape[0], 1, g, T, S).reshape(-1, 1, g * T, S))
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=attn_mask)
-        return out.view(B, H, T, d)
+        return out.reshape(B, H, T, d)
     scores = (qg.float() @ k.float().transpose(-1, -2)) * d ** -0.5
     if mask is not None:
         scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
