@@ -19,6 +19,7 @@ from eagle_engine.chat import encode_chat
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
+from eagle_engine.models.layers import attend
 from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import TINY
@@ -217,8 +218,6 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def test_attend_equals_reference(device: str, T: int, mask_batch: int) -> None:
     """Every branch of `attend` (grouped fp32 matmuls, SDPA with GQA, grouped SDPA on GPU) reads
     the right KV head for each query head and applies the mask row of each query."""
-    from eagle_engine.models.layers import attend
-
     gen = torch.Generator().manual_seed(T)
     B, H, kvh, d, S = 2, 6, 2, 16, T + 7
     q, k, v = (torch.randn(B, n, L, d, generator=gen)

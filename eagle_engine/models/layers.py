@@ -119,8 +119,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
     Queries are grouped by their KV head ([B, KVH, g*T, d], g = H // KVH), so no backend copies
-    the keys once per query head. GPUs run SDPA on the groups: SDPA's own GQA mode with a mask
-    falls back to the math kernel, which repeats the whole KV cache per query head. Long queries
+    the keys once per query head. GPUs run SDPA on the groups rather than SDPA's own GQA mode,
+    which with a mask can fall back to the math kernel that repeats the KV cache per query head
+    (not measured on its own: the change went in with other changes, README). Long queries
     on CPU (prefill) use SDPA's GQA mode. Short queries on CPU (decode, tree verify, draft steps)
     use grouped matmuls in fp32 whatever the model dtype: the key length S changes every step,
     and oneDNN's bf16 matmul sets up a new kernel for each new S (~0.8 ms against ~0.1-0.2 ms
