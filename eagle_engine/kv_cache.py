@@ -1,8 +1,8 @@
 """Preallocated static KV cache with explicit verbs, plus the attention masks that index it.
 
-A cache holds, per layer, keys and values `[batch, kv_heads, max_len, head_dim]`; the model writes
-rows at the `start` it is given and never tracks lengths itself. The engine owns the committed
-length. `commit_rows` moves accepted tree rows next to the committed prefix (rejected rows are
+A cache holds, per layer, keys and values `[batch, kv_heads, max_len, head_dim]` (views of one
+tensor); the model writes rows at the `start` it is given and never tracks lengths itself. The
+engine owns the committed length. `commit_rows` moves accepted tree rows next to the committed prefix (rejected rows are
 simply left behind and overwritten later; nothing else is copied). Not here: which rows are
 accepted (`verify.py`) or tree structure (`tree.py`).
 """
@@ -16,21 +16,19 @@ from .kernels import compact_kv
 class KVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        shape = (batch, num_kv_heads, max_len, head_dim)
         self.max_len = max_len
-        self.layers = [(torch.zeros(shape, dtype=dtype, device=device),
-                        torch.zeros(shape, dtype=dtype, device=device))
-                       for _ in range(num_layers)]
+        # one tensor for every layer's keys and values, so a commit is one gather and one write
+        self.data = torch.zeros(num_layers * 2 * batch, num_kv_heads, max_len, head_dim,
+                                dtype=dtype, device=device)  # [(layer, k|v, batch), kvh, len, hd]
+        rows = [self.data[i * batch:(i + 1) * batch] for i in range(2 * num_layers)]
+        self.layers = list(zip(rows[0::2], rows[1::2]))  # per layer (k, v) [B, kvh, len, hd]
 
     def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
         """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n)."""
         n = src_rows.numel()
         dst = torch.arange(dst_start, dst_start + n, device=src_rows.device)
-        if torch.equal(src_rows, dst):
-            return
-        for k, v in self.layers:
-            compact_kv(k, src_rows, dst_start)
-            compact_kv(v, src_rows, dst_start)
+        if not torch.equal(src_rows, dst):
+            compact_kv(self.data, src_rows, dst_start)
 
 
 def causal_mask(T: int, start: int, device: torch.device | str,

@@ -2,7 +2,7 @@
 
 `target_probs` is the one definition of the sampling distribution (temperature, then top-k, then
 top-p, renormalized); the baseline sampler and speculative verification both call it, which is
-what makes tree acceptance lossless. Greedy is `argmax` with first-index tie-breaking everywhere.
+what makes tree acceptance lossless. Greedy is `greedy` (the first index of the maximum) everywhere.
 Not here: acceptance rules (`verify.py`).
 """
 from __future__ import annotations
@@ -54,9 +54,16 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return ids.view(probs.shape[:-1])
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> ids [...] of the first maximum, as `argmax` returns them; `max(-1)` is
+    ~2.5x faster than `argmax` on CPU for the target's 49152-token rows (95 vs 250 us for 8 rows
+    on the 2-core AMX machine)."""
+    return logits.max(-1).indices
+
+
 def next_token(logits: torch.Tensor, params: SamplingParams,
                generator: torch.Generator | None) -> torch.Tensor:
     """logits [..., V] -> next token ids [...] under `params`."""
     if params.greedy:
-        return logits.argmax(-1)
+        return greedy(logits)
     return sample_from(target_probs(logits, params), generator)

@@ -163,7 +163,11 @@ def phase_parity(target: TargetModel, head: Eagle3Draft, tree: TreeParams, mode:
     accepting 0..num_steps drafts in turn; the extend is also checked at every padding. Tokens,
     trees and top-k ids must match exactly, floats to a dtype tolerance."""
     K, S, L = tree.topk, tree.num_steps, target.max_len - 32
-    tolerance = 5e-5 if target.dtype == torch.float32 else 3e-2
+    # bf16: attention over the whole cache (static) and over the live rows (eager) rounds
+    # probabilities in different blocks, and random models amplify rounding (the tiny test
+    # models' bf16 logits differ from their fp32 logits by ~0.5 of the max); a wrong cache row
+    # or mask differs at that order, not at 1e-1
+    tolerance = 5e-5 if target.dtype == torch.float32 else 1e-1
     aux = head.cfg.resolve_aux_layer_ids(target.cfg)
     t_eager, t_static = target.new_cache(max_len=L), target.new_cache(max_len=L)
     runners = GraphPhases(target, t_static, head, tree, L + K * S)

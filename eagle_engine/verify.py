@@ -15,7 +15,7 @@ from .io_struct import EagleVerifyInput
 from .kernels import verify_tree_greedy
 from .kv_cache import KVCache, tree_mask
 from .models.target import TargetModel
-from .sampling import sample_from, target_probs
+from .sampling import greedy, sample_from, target_probs
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ def run_target(target: TargetModel, vin: EagleVerifyInput, cache: KVCache,
 
 def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """-> (accepted node path [len] root first, bonus token)."""
-    predict = logits.argmax(-1)  # [N]
+    predict = greedy(logits)  # [N]
     best, length = verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
     path = vin.retrieve_indices[best, :int(length) + 1]
     return path, int(predict[best])

@@ -240,6 +240,18 @@ def test_greedy_ties_take_the_first_index() -> None:
     assert next_token(logits, SamplingParams(), None).tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_equals_argmax_on_vocabulary_rows(dtype: torch.dtype) -> None:
+    """`greedy` (max) picks what `argmax` picks on full-vocabulary rows full of ties, where a
+    vectorized reduction could return a later tied index."""
+    from eagle_engine.sampling import greedy
+
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 8, 16):
+        logits = torch.randint(0, 4, (rows, 49152), generator=g).to(dtype)
+        assert torch.equal(greedy(logits), logits.argmax(-1))
+
+
 def test_top_p_filter_equals_full_sort() -> None:
     """The partial-sort nucleus equals a full descending sort, peaked or flat (fallback path),
     one row or many, including rows that need different candidate counts."""

@@ -215,15 +215,17 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("T", [1, 5, 80])  # decode, tree verify, prefill (SDPA on CPU past 64)
 @pytest.mark.parametrize("mask_batch", [1, 2])  # one mask for the batch, or one per row
-def test_attend_equals_reference(device: str, T: int, mask_batch: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # CPU: grouped fp32 / SDPA
+def test_attend_equals_reference(device: str, T: int, mask_batch: int,
+                                 dtype: torch.dtype) -> None:
     """Every branch of `attend` (grouped fp32 matmuls, SDPA with GQA, grouped SDPA on GPU) reads
     the right KV head for each query head and applies the mask row of each query."""
     gen = torch.Generator().manual_seed(T)
     B, H, kvh, d, S = 2, 6, 2, 16, T + 7
-    q, k, v = (torch.randn(B, n, L, d, generator=gen)
+    q, k, v = (torch.randn(B, n, L, d, generator=gen).to(dtype)
                for n, L in ((H, T), (kvh, S), (kvh, S)))
     mask = torch.rand(mask_batch, T, S, generator=gen) > 0.4
     mask[..., 0] = True  # every query sees at least one key
     out = attend(*(x.to(device) for x in (q, k, v, mask)))
-    torch.testing.assert_close(out.cpu().double(), reference_attention(q, k, v, mask),
-                               rtol=1e-4, atol=1e-5)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
+    torch.testing.assert_close(out.cpu().double(), reference_attention(q, k, v, mask), **tol)

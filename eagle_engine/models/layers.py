@@ -118,16 +118,15 @@ class Attention(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
-    Queries are grouped by their KV head ([B, KVH, g*T, d], g = H // KVH), so no backend copies
-    the keys once per query head. GPUs run SDPA on the groups rather than SDPA's own GQA mode,
-    which with a mask can fall back to the math kernel that repeats the KV cache per query head
-    (not measured on its own: the change went in with other changes, README). Long queries
-    on CPU (prefill) use SDPA's GQA mode. Short queries on CPU (decode, tree verify, draft steps)
-    use grouped matmuls in fp32 whatever the model dtype: the key length S changes every step,
-    and oneDNN's bf16 matmul sets up a new kernel for each new S (~0.8 ms against ~0.1-0.2 ms
-    for a length it has seen, on the 2-core AMX machine: once per forward, more than the
-    attention itself), while MKL's fp32 matmul has no per-shape setup
-    (`benchmarks/attention_shapes.py`)."""
+    Short queries (decode, tree verify, draft steps) are grouped by their KV head
+    ([B, KVH, g*T, d], g = H // KVH) and run SDPA on the groups: no backend copies the keys once
+    per query head (SDPA's own GQA mode with a mask can fall back, on GPU, to the math kernel
+    that repeats the KV cache per query head), and on CPU in bf16 PyTorch's flash kernel (fp32
+    scores and softmax, probabilities rounded to bf16 for the product with the values, no
+    per-shape setup) is ~3x faster than fp32 matmuls (`benchmarks/attention_shapes.py`, README).
+    Short fp32 queries on CPU use grouped fp32 matmuls instead: fp32 SDPA pays a kernel setup
+    for every new key length, and the key length changes every step. Long queries on CPU
+    (prefill) use SDPA's GQA mode."""
     B, H, T, d = q.shape
     kvh, S = k.shape[1], k.shape[2]
     g = H // kvh
@@ -136,7 +135,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         attn_mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=H != kvh)
     qg = q.reshape(B, kvh, g * T, d)  # rows ordered (group, query)
-    if not cpu:
+    if not cpu or q.dtype == torch.bfloat16:
         attn_mask = None if mask is None else (  # [B, 1, g*T, S]
             mask[:, None, None].expand(mask.shape[0], 1, g, T, S).reshape(-1, 1, g * T, S))
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=attn_mask)
@@ -144,7 +143,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores = (qg.float() @ k.float().transpose(-1, -2)) * d ** -0.5
     if mask is not None:
         scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
-    probs = scores.view(B, kvh, g * T, S).softmax(-1)  # fp32 (bf16 probs lose the sink token)
+    probs = scores.view(B, kvh, g * T, S).softmax(-1)
     out = (probs @ v.float()).to(q.dtype)
     return out.view(B, kvh, g, T, d).reshape(B, H, T, d)
 
