@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle_engine.kv_cache import causal_mask
-from eagle_engine.models.layers import attend
+from eagle_engine.models.layers import attend, score_bias
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
@@ -47,9 +47,14 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                           attn_mask=None if mask is None else mask[:, None])
 
 
+def ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         mask: torch.Tensor | None) -> torch.Tensor:
+    return attend(q, k, v, score_bias(mask, HEADS, KV_HEADS, q.dtype))
+
+
 VARIANTS = {
-    "ours bf16: attend (grouped SDPA)": (attend, torch.bfloat16),
-    "ours fp32: attend (grouped fp32 matmuls)": (attend, torch.float32),
+    "ours bf16: attend (grouped SDPA)": (ours, torch.bfloat16),
+    "ours fp32: attend (grouped fp32 matmuls)": (ours, torch.float32),
     "bf16, grouped fp32 matmuls (before SDPA)": (
         lambda q, k, v, m: grouped(q, k, v, m, torch.float32), torch.bfloat16),
     "bf16, grouped, bf16 q @ k (before that)": (

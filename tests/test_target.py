@@ -19,7 +19,7 @@ from eagle_engine.chat import encode_chat
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
-from eagle_engine.models.layers import attend
+from eagle_engine.models.layers import attend, score_bias
 from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import TINY
@@ -226,6 +226,8 @@ def test_attend_equals_reference(device: str, T: int, mask_batch: int,
                for n, L in ((H, T), (kvh, S), (kvh, S)))
     mask = torch.rand(mask_batch, T, S, generator=gen) > 0.4
     mask[..., 0] = True  # every query sees at least one key
-    out = attend(*(x.to(device) for x in (q, k, v, mask)))
+    q, k, v, mask = (x.to(device) for x in (q, k, v, mask))
+    out = attend(q, k, v, score_bias(mask, H, kvh, dtype))
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
-    torch.testing.assert_close(out.cpu().double(), reference_attention(q, k, v, mask), **tol)
+    want = reference_attention(q.cpu(), k.cpu(), v.cpu(), mask.cpu())
+    torch.testing.assert_close(out.cpu().double(), want, **tol)

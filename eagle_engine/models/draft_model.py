@@ -16,7 +16,7 @@ from torch import nn
 
 from ..config import DraftConfig
 from ..kv_cache import KVCache
-from .layers import MLP, Attention, RMSNorm, Rope, RopeTable
+from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
 
 
 class DraftLayer(nn.Module):
@@ -37,13 +37,13 @@ class DraftLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, embeds: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
         if self.is_input_layer:
             x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)
         else:
             x = self.input_layernorm(h)
-        h = h + self.self_attn(x, rope, kv, start, mask, cache_rows)
+        h = h + self.self_attn(x, rope, kv, start, bias, cache_rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -102,7 +102,8 @@ class Eagle3Draft(nn.Module):
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
+        bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, embeds, rope, cache.layers[i], start, mask, cache_rows)
+            h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
         logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
         return logits, h

@@ -89,13 +89,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """x [B, T, in_dim]; kv = (k, v) caches [B, kv_heads, max_len, hd] of this layer.
         New keys/values are written at cache rows [start, start+T); attention reads rows
-        [0, start+T) under `mask` [B, T, start+T] bool (None = every row visible).
-        With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start` is ignored: rows are
-        written by index and attention reads the whole cache under `mask` [B, T, max_len]."""
+        [0, start+T) under `bias` = `score_bias(mask)` of a mask [B, T, start+T] (None =
+        every row visible). With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start`
+        is ignored: rows are written by index and attention reads the whole cache (mask
+        [B, T, max_len])."""
         B, T, _ = x.shape
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = self.qkv_proj(x).view(B, T, heads, self.head_dim).transpose(1, 2)  # [B, heads, T, hd]
@@ -111,13 +112,35 @@ class Attention(nn.Module):
             keys, values = k_cache[:B], v_cache[:B]
             keys.index_copy_(2, cache_rows, k)
             values.index_copy_(2, cache_rows, v)
-        out = attend(q, keys, values, mask)
+        out = attend(q, keys, values, bias)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 
+def grouped_queries(T: int, device: torch.device) -> bool:
+    """Whether `attend` groups the queries by KV head: all but long queries (prefill) on CPU."""
+    return device.type != "cpu" or T <= 64
+
+
+def score_bias(mask: torch.Tensor | None, num_heads: int, num_kv_heads: int,
+                   dtype: torch.dtype) -> torch.Tensor | None:
+    """Boolean mask [B, T, S] (True = visible) -> the additive bias `attend` adds to the scores
+    (0 or -inf, in the model dtype), in `attend`'s row order: [B, 1, g*T, S] with rows (group,
+    query) when queries are grouped (g = num_heads // num_kv_heads), else [B, 1, T, S]. Built
+    once per forward, like the RoPE table, so no layer converts or expands the mask itself."""
+    if mask is None:
+        return None
+    B, T, S = mask.shape
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf"))  # [B, T, S]
+    if not grouped_queries(T, mask.device):
+        return bias[:, None]
+    g = num_heads // num_kv_heads
+    return bias[:, None, None].expand(B, 1, g, T, S).reshape(B, 1, g * T, S)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: torch.Tensor | None) -> torch.Tensor:
-    """q [B, H, T, d], k/v [B, KVH, S, d], mask [B, T, S] bool or None -> [B, H, T, d].
+           bias: torch.Tensor | None) -> torch.Tensor:
+    """q [B, H, T, d], k/v [B, KVH, S, d], bias = `score_bias(mask)` or None -> [B, H, T, d].
     Short queries (decode, tree verify, draft steps) are grouped by their KV head
     ([B, KVH, g*T, d], g = H // KVH) and run SDPA on the groups: no backend copies the keys once
     per query head (SDPA's own GQA mode with a mask can fall back, on GPU, to the math kernel
@@ -130,21 +153,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, H, T, d = q.shape
     kvh, S = k.shape[1], k.shape[2]
     g = H // kvh
-    cpu = q.device.type == "cpu"
-    if cpu and T > 64:
-        attn_mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=H != kvh)
+    if not grouped_queries(T, q.device):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=H != kvh)
     qg = q.reshape(B, kvh, g * T, d)  # rows ordered (group, query)
-    if not cpu or q.dtype == torch.bfloat16:
-        attn_mask = None if mask is None else (  # [B, 1, g*T, S]
-            mask[:, None, None].expand(mask.shape[0], 1, g, T, S).reshape(-1, 1, g * T, S))
-        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=attn_mask)
-        return out.reshape(B, H, T, d)
-    scores = (qg.float() @ k.float().transpose(-1, -2)) * d ** -0.5
-    if mask is not None:
-        scores = scores.view(B, kvh, g, T, S).masked_fill(~mask[:, None, None], float("-inf"))
-    probs = scores.view(B, kvh, g * T, S).softmax(-1)
-    out = (probs @ v.float()).to(q.dtype)
+    if q.device.type != "cpu" or q.dtype == torch.bfloat16:
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=bias).reshape(B, H, T, d)
+    scores = (qg.float() @ k.float().transpose(-1, -2)) * d ** -0.5  # [B, KVH, g*T, S]
+    if bias is not None:
+        scores = scores + bias
+    out = (scores.softmax(-1) @ v.float()).to(q.dtype)
     return out.view(B, kvh, g, T, d).reshape(B, H, T, d)
 
 

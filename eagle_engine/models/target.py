@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..kv_cache import KVCache
-from .layers import MLP, Attention, RMSNorm, Rope, RopeTable
+from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
 
 
 @dataclass(slots=True)
@@ -36,9 +36,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                mask: torch.Tensor | None, cache_rows: torch.Tensor | None = None
+                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, mask,
+        h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, bias,
                                cache_rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -80,11 +80,13 @@ class TargetModel(nn.Module):
         `Attention.forward`; `mask` is then [B, T, max_len])."""
         h = self.embed_tokens(ids)  # [B, T, H]
         rope = self.rope.table(positions, h.dtype)
+        c = self.cfg
+        bias = score_bias(mask, c.num_heads, c.num_kv_heads, h.dtype)
         captured: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 captured.append(h)
-            h = layer(h, rope, cache.layers[i], start, mask, cache_rows)
+            h = layer(h, rope, cache.layers[i], start, bias, cache_rows)
         if self.cfg.num_layers in aux_layer_ids:
             captured.append(h)
         h = self.norm(h)
