@@ -122,7 +122,7 @@ def grouped_queries(T: int, device: torch.device) -> bool:
 
 
 def score_bias(mask: torch.Tensor | None, num_heads: int, num_kv_heads: int,
-                   dtype: torch.dtype) -> torch.Tensor | None:
+               dtype: torch.dtype) -> torch.Tensor | None:
     """Boolean mask [B, T, S] (True = visible) -> the additive bias `attend` adds to the scores
     (0 or -inf, in the model dtype), in `attend`'s row order: [B, 1, g*T, S] with rows (group,
     query) when queries are grouped (g = num_heads // num_kv_heads), else [B, 1, T, S]. Built
