@@ -8,9 +8,9 @@ engine passes one) over key lengths start, start+1, ... (each length new, as in 
 over the same lengths again (seen), for: our `attend` in bf16 (SDPA on queries grouped by KV
 head) and in fp32 (grouped fp32 matmuls), the grouped fp32 matmuls on bf16 inputs (what bf16
 ran before SDPA), the grouped matmuls with the q @ k product in bf16 (before that), and
-PyTorch's SDPA in fp32. A gap between
-the new and the seen column is per-shape kernel setup, paid once per forward (the other layers
-reuse the kernel). Not a test: timings depend on the machine and its load.
+PyTorch's SDPA in fp32. A gap between the new and the seen column is per-shape kernel setup,
+paid once per forward (the other layers reuse the kernel). Not a test: timings depend on the
+machine and its load.
 """
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V] -> ids [...] of the first maximum, as `argmax` returns them; `max(-1)` is
-    ~2.5x faster than `argmax` on CPU for the target's 49152-token rows (95 vs 250 us for 8 rows
-    on the 2-core AMX machine)."""
+    ~2.5-3x faster than `argmax` on CPU for the target's 49152-token rows
+    (`benchmarks/step_ops.py`)."""
     return logits.max(-1).indices
 
 
