@@ -244,7 +244,8 @@ class VerifyRunner(TargetRunner):
     def dummy_input(self) -> EagleVerifyInput:
         parents = self.node_rows - 1  # a chain
         depth, ancestors, retrieve = reference.build_tree_from_parents(parents, parents.numel())
-        return EagleVerifyInput(torch.zeros_like(parents), parents, depth, ancestors, retrieve, 0)
+        return EagleVerifyInput(torch.zeros_like(parents), parents, depth, ancestors, retrieve, 0,
+                                torch.ones(parents.shape, device=parents.device))
 
 
 class DecodeRunner(TargetRunner):

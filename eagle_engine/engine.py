@@ -306,8 +306,9 @@ class _Run:
 
     def _tree_nodes(self, vin: EagleVerifyInput, path: torch.Tensor) -> list[TreeNode]:
         on_path = set(path.tolist())
-        return [TreeNode(t, self._token_text(t), p, d, i in on_path) for i, (t, p, d) in
-                enumerate(zip(vin.tokens.tolist(), vin.parents.tolist(), vin.depth.tolist()))]
+        return [TreeNode(t, self._token_text(t), p, d, i in on_path, s) for i, (t, p, d, s) in
+                enumerate(zip(vin.tokens.tolist(), vin.parents.tolist(), vin.depth.tolist(),
+                              vin.scores.tolist()))]
 
     def _baseline(self, root: int, spans: list[TokenSpan], finished: str | None
                   ) -> Iterator[StepEvent]:

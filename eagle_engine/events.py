@@ -22,6 +22,7 @@ class TreeNode:
     parent: int  # node index, -1 for the root
     depth: int
     accepted: bool
+    score: float  # the draft's probability of the path to this node (1 for the root)
 
 
 @dataclass(slots=True)

@@ -61,6 +61,8 @@ class EagleVerifyInput:
     ancestors: torch.Tensor  # [N, N] bool, [i, j] = j is an ancestor-or-self of i
     retrieve_indices: torch.Tensor  # [N, min(N, num_steps+1)] int64 root->node path, -1 pad
     seq_len: int  # cache row / position of the root
+    scores: torch.Tensor  # [N] float32 draft probability of each node's path (root 1); a
+    # calibrated draft accepts a node about that often (`benchmarks/tree_budget.py`)
 
     @property
     def positions(self) -> torch.Tensor:

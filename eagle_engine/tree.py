@@ -22,6 +22,7 @@ def build_tree(drafted: DraftTree, root: int, seq_len: int, tree: TreeParams) ->
     minus_one = torch.full((1,), -1, dtype=torch.long, device=dev)
     parents = torch.cat([minus_one, parent_node])  # [N]
     tokens = torch.cat([torch.tensor([root], device=dev), drafted.tokens[selected]])  # [N]
+    scores = torch.cat([torch.ones(1, device=dev), drafted.scores[selected]])  # [N]
     depth, ancestors, retrieve = build_tree_from_parents(parents, tree.num_steps)
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
-                            retrieve_indices=retrieve, seq_len=seq_len)
+                            retrieve_indices=retrieve, seq_len=seq_len, scores=scores)

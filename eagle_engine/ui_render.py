@@ -203,7 +203,8 @@ def tree_svg(nodes: Sequence[TreeNode], step: int = 0) -> str:
         cls = "node acc" if n.accepted else "node"
         mark = "✓ " if n.accepted and n.parent >= 0 else ""
         state = "accepted" if n.accepted else "not accepted"
-        boxes.append(f'<g class="{cls}"><title>depth {n.depth} · {state}: '
+        boxes.append(f'<g class="{cls}"><title>depth {n.depth} · draft path probability '
+                     f'{n.score:.2f} · {state}: '
                      f'{html.escape(repr(n.text))}</title><rect x="{x}" y="{y}" width="{box_w}" '
                      f'height="20" rx="4"/><text x="{x + 5}" y="{y + 14}">{mark}'
                      f'{_label(n.text)}</text></g>')

@@ -174,8 +174,8 @@ def probe(chromium: Any, app_server: AppServer) -> Iterator[PageProbe]:
 def fixed_events() -> list[StepEvent]:
     """A fixed three-step answer with every token kind, HTML-special characters included."""
     t = TokenSpan
-    tree = [TreeNode(5, " is", -1, 0, True), TreeNode(6, " <b>", 0, 1, True),
-            TreeNode(7, " a", 0, 1, False), TreeNode(8, " &", 1, 2, False)]
+    tree = [TreeNode(5, " is", -1, 0, True, 1.0), TreeNode(6, " <b>", 0, 1, True, 0.7),
+            TreeNode(7, " a", 0, 1, False, 0.2), TreeNode(8, " &", 1, 2, False, 0.35)]
     return [
         StepEvent(0, "eagle", [t(1, "Speculation", "target", 0)], "Speculation",
                   stats={"num_tokens": 1, "tau": 0.0, "tokens_per_s": 10.0}),

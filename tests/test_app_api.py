@@ -226,6 +226,7 @@ def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[Step
     assert 'title="target token (bonus) · step 1 · depth 3"' in html  # after 2 accepted
     assert view.accepted_per_step == [2, 1]
     assert "✓" in ui.tree_svg(view.tree, view.tree_step) and "&lt;b&gt;" in ui.tree_svg(view.tree)
+    assert "depth 2 · draft path probability 0.35 · not accepted" in ui.tree_svg(view.tree)
     assert ui.acceptance_rate(view.stats) == 0.25
 
 

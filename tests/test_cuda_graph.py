@@ -89,7 +89,7 @@ def test_verify_prepare_builds_whole_cache_tree_mask() -> None:
     parents = torch.tensor([-1, 0, 0, 1, 2, 3])
     depth, ancestors, retrieve = reference.build_tree_from_parents(parents, 3)
     runner.replay_prepare(EagleVerifyInput(torch.arange(6) + 3, parents, depth, ancestors,
-                                           retrieve, 20))
+                                           retrieve, 20, torch.ones(6)))
     b = runner.buffers
     assert b.mask[:, :20].all() and not b.mask[:, 26:].any()
     assert torch.equal(b.mask[:, 20:26], ancestors)

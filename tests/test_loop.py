@@ -74,6 +74,19 @@ def test_greedy_parity_random_drafts(engine: EagleEngine, baseline: list[list[in
     assert result.stats.step_tokens >= NEW - 1  # the prefill produced the first token
 
 
+def test_event_trees_carry_draft_path_probabilities(engine: EagleEngine) -> None:
+    """Each traced node's score is the draft's probability of its path: 1 at the root, in
+    (0, 1], never above its parent's (which nodes are selected: `test_tree`)."""
+    result = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 8), "aux", keep_events=True)
+    trees = [ev.tree for ev in result.events if ev.tree]
+    assert trees
+    for tree in trees:
+        assert tree[0].score == 1.0
+        for node in tree[1:]:
+            assert 0.0 < node.score <= tree[node.parent].score + 1e-6
+    assert len({round(n.score, 6) for t in trees for n in t[1:]}) > 10  # real, varied scores
+
+
 class Oracle:
     """Wraps the phases of one request (see the module docstring); `tokens` is the committed
     sequence followed by the current root, rebuilt from what the engine feeds `extend`."""

@@ -66,7 +66,8 @@ class SyntheticTarget:
                 path = [int(i) for i in self.retrieve[node] if i > 0]
                 rows.append(target_logits(ctx + tuple(tokens[i] for i in path)))
             vin = EagleVerifyInput(torch.tensor(tokens), self.parents, self.depth,
-                                   self.ancestors, self.retrieve, len(ctx))
+                                   self.ancestors, self.retrieve, len(ctx),
+                                   torch.ones(len(tokens)))
             self.cache[ctx] = (vin, torch.stack(rows))
         return self.cache[ctx]
 

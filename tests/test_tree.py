@@ -38,6 +38,7 @@ def test_worked_example() -> None:
     assert vin.parents.tolist() == [-1, 0, 0, 1, 3]
     assert vin.depth.tolist() == [0, 1, 1, 2, 3]
     assert vin.positions.tolist() == [30, 31, 31, 32, 33]
+    assert vin.scores.tolist() == pytest.approx([1.0, 0.6, 0.25, 0.42, 0.336])
     assert vin.retrieve_indices.tolist() == [[0, -1, -1, -1], [0, 1, -1, -1], [0, 2, -1, -1],
                                              [0, 1, 3, -1], [0, 1, 3, 4]]
     expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
@@ -108,15 +109,18 @@ def test_random_trees_satisfy_invariants(K: int, S: int, N: int) -> None:
 
 
 def assert_nodes_map_to_candidates(drafted: DraftTree, vin: EagleVerifyInput) -> None:
-    """The nodes are the N-1 best-scored candidates (closed under parents) in candidate order;
-    each node's parent is its candidate's parent, and children come in decreasing score."""
+    """The nodes are the N-1 best-scored candidates (closed under parents) in candidate order,
+    carrying their scores; each node's parent is its candidate's parent, and children come in
+    decreasing score."""
     N = vin.tokens.numel()
     selected = sorted(drafted.scores.topk(N - 1).indices.tolist())
     assert all(int(drafted.parents[c]) in selected + [-1] for c in selected)
     cand = [-1] + selected
+    assert float(vin.scores[0]) == 1.0
     for i in range(1, N):
         assert int(drafted.tokens[cand[i]]) == int(vin.tokens[i])
         assert int(drafted.parents[cand[i]]) == cand[int(vin.parents[i])]
+        assert float(vin.scores[i]) == float(drafted.scores[cand[i]])
     for node in range(N):
         kids = [i for i in range(1, N) if int(vin.parents[i]) == node]
         kid_scores = [float(drafted.scores[cand[i]]) for i in kids]
