@@ -14,11 +14,11 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gradio as gr
 
@@ -27,11 +27,15 @@ from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeP
 from eagle_engine.events import StepEvent
 
 log = logging.getLogger("app")
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "style.css"
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
 DEFAULT_TREE = TreeParams()
+# Each frame costs Gradio tens of ms on a 2-core CPU (README, "The app's frames"), more than an
+# engine step: events arriving within this interval of the last frame are drawn together.
+FRAME_INTERVAL_S = 0.1
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
 
@@ -52,12 +56,28 @@ def chat_messages(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return system + list(itertools.chain.from_iterable(pairs))
 
 
-class Playground:
-    """Event handlers bound to one engine. The lock serialises engine steps, so the step a
-    cancelled run had in flight finishes before the next run's prefill starts."""
+class EngineThread:
+    """The one thread that makes every engine call of the app: load, warm-up and each step.
+    libgomp gives each thread that starts parallel work its own OpenMP pool, and once there are
+    more OpenMP threads than cores their workers stop spinning between parallel regions, so
+    every oneDNN linear and attention call waits for sleeping workers: stepped from Gradio's
+    worker threads after a load in the main thread, the engine decoded ~2x slower on a 2-core
+    CPU (README, "The app's engine thread"). One thread also runs one step at a time, so the
+    step a cancelled run had in flight finishes before the next run's prefill starts."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.heads, self.lock = engine, engine.head_info(), threading.Lock()
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return self._pool.submit(fn, *args).result()
+
+
+class Playground:
+    """Event handlers bound to one engine, stepped on its `EngineThread`."""
+
+    def __init__(self, engine: Any, worker: EngineThread, frame_interval: float) -> None:
+        self.engine, self.heads, self.worker = engine, engine.head_info(), worker
+        self.frame_interval = frame_interval
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
         """Readable reasons to refuse a request (the engine's messages name the parameter)."""
@@ -73,8 +93,7 @@ class Playground:
         stream = self.engine.stream(ids, sampling, tree, head)
         try:
             while True:
-                with self.lock:
-                    ev = next(stream, None)
+                ev = self.worker.call(next, stream, None)
                 if ev is None:
                     return
                 yield ev
@@ -86,34 +105,35 @@ class Playground:
                            "try again, shorten the chat or change the settings.") from e
 
     def run(self, turns: list[dict], user_text: str, s: ui.Settings) -> Iterator[tuple]:
-        """Stream one answer (then the baseline when comparing); one frame per engine step."""
+        """Stream one answer (then the baseline when comparing): a frame for the first engine
+        step, then at most one per `frame_interval` seconds, and the final one."""
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         sampling, tree, head = s.request(self.heads)
         messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
         ids = self.engine.encode(messages)
+        t0 = time.perf_counter()
         view, events = ui.AnswerView(), self._steps(ids, sampling, tree, head)
         first = next(events)  # context-window and engine errors surface before history changes
         turns = [*turns, {}]
-        for ev in itertools.chain([first], events):
-            view.add(ev)
-            turns[-1] = {"user": user_text, "text": view.text, "html": view.html(),
-                         "tokens": view.num_tokens}
+        for ev in paced(itertools.chain([first], events), view.add, self.frame_interval):
+            turns[-1] = answer_turn(user_text, view)
             status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                       f"({head or 'baseline'}, step {ev.step})")
             yield self._frame(turns, status, view, head, None)
+        turns[-1] = answer_turn(user_text, view)
+        on_screen = time.perf_counter() - t0
         speedup, base = None, None
         if s.compare and head is not None:
             base = ui.AnswerView()
-            for ev in self._steps(ids, sampling, tree, None):
-                base.add(ev)
+            for _ in paced(self._steps(ids, sampling, tree, None), base.add, self.frame_interval):
                 yield pack(status=f"Baseline… {base.num_tokens} tokens",
                            compare=ui.compare_html(view, base, sampling.greedy, False))
             b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
             speedup = tps / b_tps if b_tps else None
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
-        status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s · "
-                  f"{reason} · {head or 'baseline'}")
+        status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
+                  f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}")
         yield self._frame(turns, status, view, head, speedup, base, sampling.greedy)
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
@@ -167,6 +187,23 @@ class Playground:
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
                           value=layers, interactive=spec and len(choices) > 1),
                 ui.head_note(self.heads, spec, aux, layers))
+
+
+def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
+          interval: float) -> Iterator[StepEvent]:
+    """`add` every event; yield the first one and then those arriving at least `interval` after
+    the previous yield returned (the caller draws a frame for them). The caller draws the last
+    state itself once the events end."""
+    last = None
+    for ev in events:
+        add(ev)
+        if last is None or time.perf_counter() - last >= interval:
+            yield ev
+            last = time.perf_counter()
+
+
+def answer_turn(user_text: str, view: ui.AnswerView) -> dict:
+    return {"user": user_text, "text": view.text, "html": view.html(), "tokens": view.num_tokens}
 
 
 def tree_limits(topk: int, num_steps: int, num_draft_tokens: int) -> dict:
@@ -238,8 +275,9 @@ def _main_panel() -> dict[str, Any]:
     return o
 
 
-def build_demo(engine: Any) -> gr.Blocks:
-    pg = Playground(engine)
+def build_demo(engine: Any, worker: EngineThread | None = None,
+               frame_interval: float = FRAME_INTERVAL_S) -> gr.Blocks:
+    pg = Playground(engine, worker or EngineThread(), frame_interval)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg, engine)
         o = _main_panel()
@@ -322,7 +360,9 @@ def load_engine(args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
-    demo = build_demo(load_engine(parse_args(argv)))
+    args = parse_args(argv)
+    worker = EngineThread()
+    demo = build_demo(worker.call(load_engine, args), worker)
     demo.queue(max_size=16, default_concurrency_limit=1)
     demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
 

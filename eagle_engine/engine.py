@@ -161,11 +161,16 @@ class EagleEngine:
                tree: TreeParams | None = None, head: str | None = None,
                trace: bool = True) -> Iterator[StepEvent]:
         """Yield one event per iteration. `head=None` runs the baseline (target only).
-        `trace` adds the verified tree and the rejected drafts (for the UI) to each event."""
+        `trace` adds the verified tree and the rejected drafts (for the UI) to each event.
+        Run time in the stats is the engine's own: time the caller holds an event (a UI drawing
+        a frame) is not counted, so tokens/s and speedups do not depend on the consumer."""
         tree = tree or TreeParams()
         self._check_request(prompt_ids, tree, head)
         run = _Run(self, prompt_ids, params, tree, head, trace)
-        yield from run.loop()
+        for ev in run.loop():
+            handed_over = time.perf_counter()
+            yield ev
+            run.t_start += time.perf_counter() - handed_over
 
 
 class _Run:

@@ -130,7 +130,7 @@ def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None)
     tau = stats.get("tau", 0.0)
     tiles = [
         _tile("tile-tps", f"{stats.get('tokens_per_s', 0.0):.1f}", "tokens/s",
-              "generated tokens / wall time, prefill included"),
+              "generated tokens / engine time, prefill included (drawing the page not counted)"),
         _tile("tile-tau", f"{tau:.2f}" if eagle and tau else "—", "mean accepted length τ",
               "tokens per target forward (accepted drafts + 1)"),
         _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",

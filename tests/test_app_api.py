@@ -212,6 +212,28 @@ def test_engine_failure_is_readable_and_page_stays_usable(fake_app: Any) -> None
     assert len(final[OUT["chat"]]) == 2
 
 
+def test_frames_are_paced_but_every_event_is_drawn() -> None:
+    """Events ~20 ms apart with a 100 ms frame interval: the first event gets a frame at once,
+    later frames come at least the interval apart, and every event reaches the view (the
+    caller's final frame draws the rest)."""
+    import app
+
+    def events() -> Iterator[int]:
+        for i in range(30):
+            time.sleep(0.02)
+            yield i
+
+    added: list[int] = []
+    t0, shown, times = time.perf_counter(), [], []
+    for ev in app.paced(events(), added.append, interval=0.1):  # type: ignore[arg-type]
+        shown.append(ev)
+        times.append(time.perf_counter())
+    total = time.perf_counter() - t0
+    assert added == list(range(30))
+    assert shown[0] == 0 and 2 <= len(shown) <= total / 0.1 + 1, (shown, total)
+    assert all(b - a >= 0.1 for a, b in zip(times, times[1:])), times
+
+
 def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[StepEvent]) -> None:
     from eagle_engine import ui_render as ui
 

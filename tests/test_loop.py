@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -85,6 +86,19 @@ def test_event_trees_carry_draft_path_probabilities(engine: EagleEngine) -> None
         for node in tree[1:]:
             assert 0.0 < node.score <= tree[node.parent].score + 1e-6
     assert len({round(n.score, 6) for t in trees for n in t[1:]}) > 10  # real, varied scores
+
+
+def test_stats_time_is_the_engines_not_the_callers(engine: EagleEngine) -> None:
+    """A consumer that holds every event (a UI drawing a frame) does not slow the reported
+    speed: elapsed_s counts the engine's time only, in EAGLE and baseline mode."""
+    hold_s = 0.02
+    for head in ("aux", None):
+        t0, last = time.perf_counter(), None
+        for last in engine.stream(PROMPTS[0], GREEDY, TreeParams(2, 2, 4), head):
+            time.sleep(hold_s)
+        wall = time.perf_counter() - t0
+        held = hold_s * (last.step + 1)
+        assert wall >= held and last.stats["elapsed_s"] < wall - 0.9 * held, (head, wall, held)
 
 
 class Oracle:
