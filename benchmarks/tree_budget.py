@@ -25,16 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-import torch
-
-from eagle_engine.bench import load_rows
+from eagle_engine.bench import interleaved_medians, load_rows, target_forward
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.events import TreeNode
-from eagle_engine.kv_cache import tree_mask
 
 BUCKETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0001)
 THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
@@ -55,25 +51,16 @@ def collect_trees(engine: EagleEngine, rows: list[dict], head: str, tree: TreePa
     return trees, sum(iteration_ms) / len(iteration_ms)
 
 
-@torch.inference_mode()
 def forward_ms(engine: EagleEngine, head: str, sizes: list[int], context: int,
                rounds: int = 15, warmup: int = 2) -> dict[int, float]:
     """Median target forward time of n chain-shaped tree tokens after `context` tokens, with the
     head's aux layers captured as in verify."""
-    target, dev = engine.target, engine.target.device
     draft = engine.heads[head]
-    aux = draft.cfg.resolve_aux_layer_ids(target.cfg) if draft.cfg.use_aux_hidden_state else ()
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for r in range(warmup + rounds):
-        for n in sizes:
-            ids = torch.zeros(1, n, dtype=torch.long, device=dev)
-            pos = torch.arange(context, context + n, device=dev)[None]
-            chain = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-            t0 = time.perf_counter()
-            target(ids, pos, engine.cache, context, tree_mask(chain, context), aux)
-            if r >= warmup:
-                times[n].append((time.perf_counter() - t0) * 1000)
-    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+    aux = (draft.cfg.resolve_aux_layer_ids(engine.target.cfg)
+           if draft.cfg.use_aux_hidden_state else ())
+    median = interleaved_medians({n: target_forward(engine, n, context, aux) for n in sizes},
+                                 rounds, warmup)
+    return {n: s * 1000 for n, s in median.items()}
 
 
 def calibration(trees: list[list[TreeNode]]) -> list[dict]:

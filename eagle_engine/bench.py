@@ -13,7 +13,9 @@ import argparse
 import json
 import time
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,22 +115,42 @@ def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreePa
     return totals
 
 
-@torch.inference_mode()
-def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 21,  # noqa: ANN001
-                  warmup: int = 3) -> dict:
-    """Median time (of `repeats`, after `warmup` rounds, in inference mode like the engine) of a
-    target forward of N tokens after `context` tokens relative to N=1, and of one draft decode
-    step with K tokens relative to one target token. Each round times every shape once, in turn,
-    so a slow spell of the machine hits all shapes alike instead of one block of them."""
+def target_forward(engine, n: int, context: int,  # noqa: ANN001 - EagleEngine
+                   aux_layer_ids: tuple[int, ...] = ()) -> Callable[[], None]:
+    """A target forward of `n` tokens after `context` tokens, causal (a chain-shaped tree), as a
+    callable for `interleaved_medians`."""
     target, dev = engine.target, engine.target.device
-    cache = engine.cache
 
-    def target_fwd(n: int) -> None:
+    def forward() -> None:
         ids = torch.zeros(1, n, dtype=torch.long, device=dev)
         pos = torch.arange(context, context + n, device=dev)[None]
-        target(ids, pos, cache, context, causal_mask(n, context, dev) if n > 1 else None)
+        target(ids, pos, engine.cache, context, causal_mask(n, context, dev) if n > 1 else None,
+               aux_layer_ids)
+    return forward
 
-    shapes = {("target", n): lambda n=n: target_fwd(n) for n in (1, 8, 16, 32, 48, 64)}
+
+@torch.inference_mode()
+def interleaved_medians(fns: dict[Any, Callable[[], None]], repeats: int,
+                        warmup: int) -> dict[Any, float]:
+    """Median seconds of each callable over `repeats` rounds after `warmup` rounds; each round
+    calls every callable once, in turn, so a slow spell of the machine hits all alike."""
+    times: dict[Any, list[float]] = {key: [] for key in fns}
+    for r in range(warmup + repeats):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[key].append(time.perf_counter() - t0)
+    return {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+
+
+def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 21,  # noqa: ANN001
+                  warmup: int = 3) -> dict:
+    """Median time (`interleaved_medians`, in inference mode like the engine) of a target
+    forward of N tokens after `context` tokens relative to N=1, and of one draft decode step
+    with K tokens relative to one target token."""
+    dev = engine.target.device
+    shapes = {("target", n): target_forward(engine, n, context) for n in (1, 8, 16, 32, 48, 64)}
     if head is not None:
         model = engine.heads[head]
         dcache = model.new_cache(context + 128)
@@ -140,14 +162,7 @@ def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 2
             pos = torch.full((1, k), context, device=dev)
             model(ids, hid, pos, dcache, context, None, from_target=False)
         shapes |= {("draft", k): lambda k=k: draft_fwd(k) for k in (1, 4, 8)}
-    times: dict[tuple[str, int], list[float]] = {key: [] for key in shapes}
-    for r in range(warmup + repeats):
-        for key, fn in shapes.items():
-            t0 = time.perf_counter()
-            fn()
-            if r >= warmup:
-                times[key].append(time.perf_counter() - t0)
-    median = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+    median = interleaved_medians(shapes, repeats, warmup)
     base = median[("target", 1)]
     out = {"target_1_token_ms": round(base * 1000, 2),
            "verify_cost_vs_1_token": {n: round(median[("target", n)] / base, 2)
