@@ -200,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
             runs.append((f"eagle[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", h, t))
     engine.generate(engine.encode("Hello"), SamplingParams(max_new_tokens=8))  # warm-up
     report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": engine.config.dtype,
-                    "max_new_tokens": args.max_new_tokens, "sampling": {
+                    "int4_weights": engine.config.int4_weights, "max_new_tokens": args.max_new_tokens, "sampling": {
                         "temperature": args.temperature, "top_p": args.top_p,
                         "top_k": args.top_k, "seed": args.seed},
                     "torch_threads": torch.get_num_threads()}

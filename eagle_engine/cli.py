@@ -30,6 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--no-packed-weights", action="store_true",
                    help="CPU: use plain F.linear instead of oneDNN-packed weights")
+    p.add_argument("--int4-weights", action="store_true",
+                   help="CPU: target decoder linears as 4-bit codes (exact for a Q4_1 GGUF)")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -45,7 +47,8 @@ def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineCo
     return EngineConfig(target=args.target, drafts=drafts if need_draft else (), dtype=args.dtype,
                         device=args.device, max_len=args.max_len,
                         allow_pickle=args.allow_pickle, cuda_graphs=not args.no_cuda_graphs,
-                        packed_weights=not args.no_packed_weights)
+                        packed_weights=not args.no_packed_weights,
+                        int4_weights=args.int4_weights)
 
 
 def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily

@@ -294,7 +294,8 @@ class TreeParams:
 class EngineConfig:
     """What to load. `drafts` are names of bundled heads, directories or hub ids;
     `max_len` caps the context (and sizes every cache and RoPE table); `packed_weights` pre-packs
-    linear weights for oneDNN on CPU (`models/cpu_pack.py`)."""
+    linear weights for oneDNN on CPU (`models/cpu_pack.py`); `int4_weights` keeps the target's
+    decoder linears as 4-bit codes on CPU (`models/cpu_int4.py`; the heads stay in `dtype`)."""
 
     target: str = "bundled"
     drafts: tuple[str, ...] = ("bundled",)
@@ -304,8 +305,11 @@ class EngineConfig:
     allow_pickle: bool = False
     cuda_graphs: bool = True
     packed_weights: bool = True
+    int4_weights: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         if self.max_len < 16:
             raise ConfigError(f"max_len must be >= 16, got {self.max_len}")
+        if self.int4_weights and torch.device(self.device).type != "cpu":
+            raise ConfigError(f"int4 target weights are a CPU path; device is {self.device!r}")

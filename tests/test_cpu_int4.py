@@ -1,0 +1,103 @@
+"""4-bit target weights on CPU (`models/cpu_int4.py`, `EngineConfig.int4_weights`).
+
+Quantizing a weight that lies on a Q4_1 grid gives back its codes, scales and minimums exactly
+(random grids, and every decoder linear of the bundled Q4_1 target); the int4 kernel equals a
+plain product with the dequantized weight for one token, a tree and a prefill; an engine with
+int4 weights keeps greedy speculative output equal to its own greedy baseline; bad shapes and
+devices are refused with the values named.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.models.cpu_int4 import GROUP, Int4Linear, quantize_decoder_linears, quantize_int4
+from eagle_engine.models.loader import load_target
+from tests.helpers import tiny_engine
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """A weight on a Q4_1 grid, as llama.cpp writes it: every block of 32 inputs holds code 0
+    (its minimum) and code 15 (its maximum)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out_f, in_f // GROUP, GROUP), generator=g, dtype=torch.int32)
+    codes[..., 0], codes[..., 1] = 0, 15
+    scale = torch.rand(out_f, in_f // GROUP, generator=g) * 0.01 + 1e-3
+    low = torch.randn(out_f, in_f // GROUP, generator=g) * 0.05
+    weight = codes * scale[..., None] + low[..., None]
+    return weight.view(out_f, in_f), codes.view(out_f, in_f), scale, low
+
+
+def dequantized(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """What the kernel multiplies by: (q - 8) * scale + zero with scale and zero in `dtype`."""
+    s, zero = scale.to(dtype).double(), (low + 8 * scale).to(dtype).double()
+    q = codes.double().view(*scale.shape, GROUP) - 8
+    return (q * s[..., None] + zero[..., None]).view(codes.shape)
+
+
+def test_quantize_recovers_a_q4_1_grid() -> None:
+    weight, codes, scale, low = q4_1_weight(48, 96, seed=0)
+    got_codes, got_scale, got_low = quantize_int4(weight)
+    assert torch.equal(got_codes, codes)
+    torch.testing.assert_close(got_scale, scale, rtol=1e-5, atol=0)
+    assert torch.equal(got_low, low)
+
+
+def test_bundled_target_codes_come_back_exactly(bundled_dir: Path) -> None:
+    """The engine's fp32 copy of the Q4_1 GGUF: every decoder linear is on a 4-bit grid."""
+    target = load_target(bundled_dir, torch.float32, "cpu", 64)
+    linears = [m for m in target.layers.modules() if type(m) is nn.Linear]
+    assert len(linears) == 4 * target.cfg.num_layers
+    for lin in linears:
+        codes, scale, low = quantize_int4(lin.weight.detach())
+        rebuilt = codes.view(*scale.shape, GROUP) * scale[..., None] + low[..., None]
+        torch.testing.assert_close(rebuilt.view_as(lin.weight), lin.weight.detach(),
+                                   rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if BF16 else []))
+@pytest.mark.parametrize("shape", [(1, 64), (8, 64), (2, 5, 64), (65, 64)])
+def test_int4_linear_equals_dequantized_product(dtype: torch.dtype, shape: tuple) -> None:
+    weight, codes, scale, low = q4_1_weight(48, 64, seed=1)
+    lin = nn.Linear(64, 48, bias=False)
+    lin.weight.data = weight.to(dtype)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    with torch.inference_mode():
+        got = Int4Linear(lin)(x)
+    expected = x.double() @ dequantized(codes, scale, low, dtype).T
+    assert got.shape == (*shape[:-1], 48) and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
+
+
+def test_int4_linear_refuses_bias_and_shapes() -> None:
+    with pytest.raises(ValueError, match="48x40"):
+        Int4Linear(nn.Linear(40, 48, bias=False))
+    with pytest.raises(ValueError, match="bias"):
+        Int4Linear(nn.Linear(64, 48))
+
+
+def test_int4_weights_are_a_cpu_path() -> None:
+    with pytest.raises(ConfigError, match="CPU path; device is 'cuda'"):
+        EngineConfig(device="cuda", int4_weights=True)
+
+
+def test_engine_int4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
+    engine = tiny_engine(tmp_path, int4_weights=True)
+    quantized = [m for m in engine.target.modules() if isinstance(m, Int4Linear)]
+    assert len(quantized) == 4 * engine.target.cfg.num_layers
+    assert not isinstance(engine.target.lm_head, Int4Linear)
+    assert quantize_decoder_linears(engine.target) == (0, 0)  # nothing left to quantize
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    ids = torch.randint(3, 96, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    base = engine.generate(ids, params).token_ids
+    for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
+        assert engine.generate(ids, params, tree, "head").token_ids == base
