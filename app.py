@@ -327,6 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
     p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
     p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--int4-weights", action="store_true",
+                   help="CPU: target decoder linears as 4-bit codes (README, 4-bit target weights)")
     return p.parse_args(argv)
 
 
@@ -344,7 +346,8 @@ def load_engine(args: argparse.Namespace) -> Any:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
     config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
-                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs)
+                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs,
+                          int4_weights=args.int4_weights)
     log.info("loading target (bundled) on %s/%s and %d heads from %s…", device, config.dtype,
              len(heads), args.heads_dir)
     t0 = time.perf_counter()

@@ -4,7 +4,9 @@ Runs every prompt (multi-turn rows as conversations, feeding the first mode's ow
 through each requested mode and head, interleaved per prompt so both modes see the same machine
 load, and reports tokens/s, mean accepted length tau, acceptance per depth, greedy agreement with
 the baseline and the speedup measured in this run. `--sweep` compares tree shapes; `--costs`
-measures the verify cost of N tree tokens and the draft step cost relative to one target step.
+measures the verify cost of N tree tokens and the draft step cost relative to one target step;
+`--int4-trees` loads the target a second time with 4-bit weights and runs its baseline and
+EAGLE-3 with those trees in the same rounds.
 Not here: the decoding itself (`engine.py`).
 """
 from __future__ import annotations
@@ -66,6 +68,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    "head names or head directories (default: --draft)")
     p.add_argument("--sweep", default=None, help="tree shapes 'topk,steps,tokens;...'")
     p.add_argument("--costs", action="store_true", help="measure verify/draft cost ratios")
+    p.add_argument("--int4-trees", default=None,
+                   help="also run an int4-weight target (`--int4-weights`): its baseline and "
+                   "EAGLE-3 with these tree shapes 'topk,steps,tokens;...'")
     p.add_argument("--first-turn-only", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     add_engine_args(p)
@@ -88,25 +93,36 @@ def load_rows(path: Path, limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def run_modes(engine, rows: list[dict], runs: list[tuple[str, str | None, TreeParams]],  # noqa: ANN001
-              params: SamplingParams, first_turn_only: bool) -> dict[str, ModeTotals]:
-    """runs: (label, head or None, tree). The first run's answers build the conversations."""
-    totals = {label: ModeTotals() for label, _, _ in runs}
+@dataclass(frozen=True)
+class Run:
+    label: str
+    engine: Any  # EagleEngine (imported lazily)
+    head: str | None  # None: the baseline
+    tree: TreeParams
+
+
+def run_modes(rows: list[dict], runs: list[Run], params: SamplingParams,
+              first_turn_only: bool) -> dict[str, ModeTotals]:
+    """Every run on every turn, in turn. The first run's answers build the conversations; an
+    EAGLE-3 answer is compared with the baseline answer of its own engine."""
+    totals = {r.label: ModeTotals() for r in runs}
     for i, row in enumerate(rows):
         messages: list[dict[str, str]] = []
         for turn in row["turns"][:1] if first_turn_only else row["turns"]:
             messages.append({"role": "user", "content": turn})
-            prompt = engine.encode(messages)
-            baseline_ids, first_text = None, None
-            for label, head, tree in runs:
+            prompt = runs[0].engine.encode(messages)
+            baseline_ids: dict[int, list[int]] = {}
+            first_text = None
+            for run in runs:
                 t0 = time.perf_counter()
-                result = engine.generate(prompt, params, tree, head)
-                totals[label].add(result, time.perf_counter() - t0)
-                if head is None:
-                    baseline_ids = result.token_ids
-                elif baseline_ids is not None:
-                    totals[label].same_as_baseline += result.token_ids == baseline_ids
-                    totals[label].compared += 1
+                result = run.engine.generate(prompt, params, run.tree, run.head)
+                totals[run.label].add(result, time.perf_counter() - t0)
+                if run.head is None:
+                    baseline_ids[id(run.engine)] = result.token_ids
+                elif id(run.engine) in baseline_ids:
+                    same = result.token_ids == baseline_ids[id(run.engine)]
+                    totals[run.label].same_as_baseline += same
+                    totals[run.label].compared += 1
                 first_text = result.text if first_text is None else first_text
             messages.append({"role": "assistant", "content": first_text})
         print(f"[{i + 1}/{len(rows)}] " + "  ".join(
@@ -144,13 +160,16 @@ def interleaved_medians(fns: dict[Any, Callable[[], None]], repeats: int,
     return {key: sorted(v)[len(v) // 2] for key, v in times.items()}
 
 
+VERIFY_SIZES = (4, 8, 16, 32, 48, 64)  # tree tokens priced by `measure_costs`
+
+
 def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 21,  # noqa: ANN001
                   warmup: int = 3) -> dict:
     """Median time (`interleaved_medians`, in inference mode like the engine) of a target
     forward of N tokens after `context` tokens relative to N=1, and of one draft decode step
     with K tokens relative to one target token."""
     dev = engine.target.device
-    shapes = {("target", n): target_forward(engine, n, context) for n in (1, 8, 16, 32, 48, 64)}
+    shapes = {("target", n): target_forward(engine, n, context) for n in (1, *VERIFY_SIZES)}
     if head is not None:
         model = engine.heads[head]
         dcache = model.new_cache(context + 128)
@@ -166,11 +185,22 @@ def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 2
     base = median[("target", 1)]
     out = {"target_1_token_ms": round(base * 1000, 2),
            "verify_cost_vs_1_token": {n: round(median[("target", n)] / base, 2)
-                                      for n in (8, 16, 32, 48, 64)}}
+                                      for n in VERIFY_SIZES}}
     if head is not None:
         out["draft_step_cost_vs_target_token"] = {k: round(median[("draft", k)] / base, 3)
                                                   for k in (1, 4, 8)}
     return out
+
+
+def mode_runs(engine, suffix: str, modes: list[str], heads: list[str],  # noqa: ANN001
+              trees: list[TreeParams]) -> list[Run]:
+    """The baseline (if asked) then each head with each tree, labelled `ar{suffix}` and
+    `eagle{suffix}[head kK sS nN]`."""
+    runs = [Run(f"ar{suffix}", engine, None, trees[0])] if "ar" in modes else []
+    for h in heads if "eagle" in modes else []:
+        runs += [Run(f"eagle{suffix}[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", engine,
+                      h, t) for t in trees]
+    return runs
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -193,26 +223,35 @@ def cmd_bench(args: argparse.Namespace) -> None:
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
-    runs: list[tuple[str, str | None, TreeParams]] = [("ar", None, tree)] if "ar" in modes else []
-    trees = parse_sweep(args.sweep) if args.sweep else [tree]
-    for h in heads:
-        for t in trees:
-            runs.append((f"eagle[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", h, t))
-    engine.generate(engine.encode("Hello"), SamplingParams(max_new_tokens=8))  # warm-up
+    runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
+    if args.int4_trees:
+        if engine.config.int4_weights:
+            raise ConfigError("--int4-trees runs an int4 target beside the main one; "
+                              "drop --int4-weights")
+        quantized = EagleEngine.load(replace(engine.config, int4_weights=True))
+        runs += mode_runs(quantized, " int4", modes, heads, parse_sweep(args.int4_trees))
+    for warm in {id(r.engine): r.engine for r in runs}.values():
+        warm.generate(warm.encode("Hello"), SamplingParams(max_new_tokens=8))
     report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": engine.config.dtype,
-                    "int4_weights": engine.config.int4_weights, "max_new_tokens": args.max_new_tokens, "sampling": {
+                    "int4_weights": engine.config.int4_weights,
+                    "max_new_tokens": args.max_new_tokens, "sampling": {
                         "temperature": args.temperature, "top_p": args.top_p,
                         "top_k": args.top_k, "seed": args.seed},
                     "torch_threads": torch.get_num_threads()}
     if args.costs:
         report["costs"] = measure_costs(engine, heads[0] if heads else None)
         print(json.dumps(report["costs"]), flush=True)
-    totals = run_modes(engine, rows, runs, params, args.first_turn_only)
+    totals = run_modes(rows, runs, params, args.first_turn_only)
     report["modes"] = {k: v.summary() for k, v in totals.items()}
     if "ar" in totals:
         ar = totals["ar"].summary()["tokens_per_s"]
         for k, v in report["modes"].items():
             v["speedup_vs_ar"] = round(v["tokens_per_s"] / ar, 3) if ar else None
+    if "ar int4" in totals:
+        ar4 = totals["ar int4"].summary()["tokens_per_s"]
+        for k, v in report["modes"].items():
+            if k.startswith("eagle int4"):
+                v["speedup_vs_ar_int4"] = round(v["tokens_per_s"] / ar4, 3) if ar4 else None
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

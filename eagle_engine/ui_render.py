@@ -64,8 +64,10 @@ def engine_status(config: Any, num_heads: int) -> str:
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
+    weights = " · **target weights** int4" if config.int4_weights else ""
     return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
-            f"**Device** {config.device} · **dtype** {config.dtype} · **CUDA graphs** {graphs}")
+            f"**Device** {config.device} · **dtype** {config.dtype}{weights} · "
+            f"**CUDA graphs** {graphs}")
 
 
 @dataclass

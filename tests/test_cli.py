@@ -162,6 +162,8 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     capsys.readouterr()
     assert "unknown modes ['fast']" in fails(["bench", "--prompts", str(prompts), "--modes",
                                               "ar,fast"], capsys)
+    assert "drop --int4-weights" in fails(["bench", "--prompts", str(prompts), "--int4-weights",
+                                           "--int4-trees", "4,3,4"], capsys)
     copy = shutil.copytree(ASSETS / "eagle3-aux-1layer", tmp_path / "my-head")
     assert main(["bench", "--prompts", str(prompts), "--limit", "1", "--first-turn-only",
                  "--max-new-tokens", "6", "--modes", "ar,eagle", "--dtype", "fp32",
@@ -174,6 +176,24 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     twin = shutil.copytree(copy, tmp_path / "x" / "my-head")
     assert "names two heads alike" in fails(
         ["bench", "--prompts", str(prompts), "--heads", f"{copy},{twin}"], capsys)
+
+
+def test_bench_int4_trees_run_beside_the_main_target(tmp_path: Path) -> None:
+    """`--int4-trees`: an int4-weight engine's baseline and EAGLE-3 run in the same rounds; its
+    greedy speculation is compared with its own baseline and its speedup with both baselines."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "turns": ["Name a color."]}) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "6", "--dtype", "fp32",
+                 "--max-len", "512", "--int4-trees", "4,3,4;2,3,4", "--json", str(out)]) == 0
+    modes = json.loads(out.read_text())["modes"]
+    labels = ["eagle int4[eagle3-aux-1layer k4 s3 n4]", "eagle int4[eagle3-aux-1layer k2 s3 n4]"]
+    assert list(modes)[2:] == ["ar int4", *labels]
+    assert modes["ar int4"]["tokens"] == modes["ar"]["tokens"] == 6
+    for label in labels:
+        assert modes[label]["greedy_same_as_baseline"] == "1/1"
+        assert modes[label]["speedup_vs_ar_int4"] == pytest.approx(
+            modes[label]["tokens_per_s"] / modes["ar int4"]["tokens_per_s"], abs=2e-3)
 
 
 def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
@@ -198,9 +218,10 @@ def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
     monkeypatch.setattr(engine.heads["head"], "forward", fake_draft)
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["now"])
     costs = bench.measure_costs(engine, "head", repeats=5, warmup=1)
-    assert clock["calls"] == 6 * 9  # (1 + 5) rounds of 6 target and 3 draft shapes
+    assert clock["calls"] == 6 * 10  # (1 + 5) rounds of 7 target and 3 draft shapes
     assert costs["target_1_token_ms"] == pytest.approx(1.0)
-    assert costs["verify_cost_vs_1_token"] == {8: 8.0, 16: 16.0, 32: 32.0, 48: 48.0, 64: 64.0}
+    assert costs["verify_cost_vs_1_token"] == {4: 4.0, 8: 8.0, 16: 16.0, 32: 32.0,
+                                                 48: 48.0, 64: 64.0}
     assert costs["draft_step_cost_vs_target_token"] == {1: 0.1, 4: 0.4, 8: 0.8}
 
 

@@ -101,3 +101,10 @@ def test_engine_int4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
     base = engine.generate(ids, params).token_ids
     for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
         assert engine.generate(ids, params, tree, "head").token_ids == base
+
+
+def test_app_status_names_int4_weights() -> None:
+    from eagle_engine.ui_render import engine_status
+
+    assert "**target weights** int4" in engine_status(EngineConfig(int4_weights=True), 3)
+    assert "int4" not in engine_status(EngineConfig(), 3)
