@@ -170,7 +170,8 @@ def test_clear_resets_history(app_server: AppServer) -> None:
 class FakeEngine:
     """Just enough engine for the app: one head, a fixed answer, and a failure on 'boom'."""
 
-    config = SimpleNamespace(target="fake", device="cpu", dtype="fp32", cuda_graphs=False)
+    config = SimpleNamespace(target="fake", device="cpu", dtype="fp32", cuda_graphs=False,
+                             int4_weights=False)
 
     def __init__(self, events: list[StepEvent]) -> None:
         self.events = events

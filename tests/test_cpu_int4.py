@@ -1,7 +1,8 @@
 """4-bit target weights on CPU (`models/cpu_int4.py`, `EngineConfig.int4_weights`).
 
 Quantizing a weight that lies on a Q4_1 grid gives back its codes, scales and minimums exactly
-(random grids, and every decoder linear of the bundled Q4_1 target); the int4 kernel equals a
+(random grids, and every decoder linear of the bundled Q4_1 target, whose bf16 load gives the
+same codes); the int4 kernel equals a
 plain product with the dequantized weight for one token, a tree and a prefill; an engine with
 int4 weights keeps greedy speculative output equal to its own greedy baseline; bad shapes and
 devices are refused with the values named.
@@ -52,15 +53,17 @@ def test_quantize_recovers_a_q4_1_grid() -> None:
 
 
 def test_bundled_target_codes_come_back_exactly(bundled_dir: Path) -> None:
-    """The engine's fp32 copy of the Q4_1 GGUF: every decoder linear is on a 4-bit grid."""
-    target = load_target(bundled_dir, torch.float32, "cpu", 64)
-    linears = [m for m in target.layers.modules() if type(m) is nn.Linear]
-    assert len(linears) == 4 * target.cfg.num_layers
-    for lin in linears:
+    """The engine's fp32 copy of the Q4_1 GGUF: every decoder linear is on a 4-bit grid, and
+    the same target loaded in bf16 (as the engine quantizes it) gives the same codes."""
+    linears = {dtype: [m for m in load_target(bundled_dir, dtype, "cpu", 64).layers.modules()
+                       if type(m) is nn.Linear] for dtype in (torch.float32, torch.bfloat16)}
+    assert len(linears[torch.float32]) == 120  # 30 layers x (qkv, o, gate_up, down)
+    for lin, lin16 in zip(linears[torch.float32], linears[torch.bfloat16]):
         codes, scale, low = quantize_int4(lin.weight.detach())
         rebuilt = codes.view(*scale.shape, GROUP) * scale[..., None] + low[..., None]
         torch.testing.assert_close(rebuilt.view_as(lin.weight), lin.weight.detach(),
                                    rtol=0, atol=2e-7)
+        assert torch.equal(quantize_int4(lin16.weight.detach())[0], codes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if BF16 else []))

@@ -4,13 +4,15 @@ That is the layout of a Q4_1 GGUF (the bundled target): every decoder linear is 
 q in 0..15 with a scale d and a minimum m per block of 32 inputs (w = d*q + m). PyTorch's CPU
 kernel `_weight_int4pack_mm_for_cpu` multiplies by such a weight directly (w = (q - 8) * scale +
 zero, so scale = d and zero = m + 8d), reading a quarter of the bytes of a bf16 weight. Decoding
-one token is bound by those bytes; the kernel unpacks the weight again for every input row, so
-its cost grows with the rows of a call (README, "4-bit target weights").
+one token is bound by those bytes, but the kernel unpacks the weight again for every few input
+rows, so its cost grows with the rows of a call: a target forward of 4 tokens costs 1.20 of one
+token, of 8 tokens 1.67 (bf16: 1.04 and 1.10; README, "4-bit target weights").
 
 `quantize_int4` takes each group's minimum and maximum as m and m + 15d. A Q4_1 block always
 holds both ends (llama.cpp quantizes a block's minimum to 0 and its maximum to 15), so for the
-weights the engine dequantizes from such a GGUF the codes come back exactly, and in fp32 the
-scales and zeros too (tested); in bf16 the scales and zeros round to bf16 like the activations.
+weights the engine dequantizes from such a GGUF the codes come back exactly, from its fp32 and
+from its bf16 copy alike, and from fp32 the scales and minimums too (tested on the bundled
+target); the kernel takes scales and zeros in the activations' dtype, so in bf16 they round.
 Any other weight is quantized to 4 bits, lossily. Not here: the bf16 oneDNN packing of the other
 linears (`cpu_pack.py`) or choosing when to use this (`EngineConfig.int4_weights`).
 """
