@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "style.css"
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
-DEFAULT_TREE = TreeParams()
 # A frame costs Gradio (and a browser on the same cores) tens of ms, more than an engine step
 # (README, "The app's engine thread and frames"): events within this interval share a frame.
 FRAME_INTERVAL_S = 0.1
@@ -219,7 +218,9 @@ def sampling_state(temperature: float) -> list[dict]:
 
 
 def _sidebar(pg: Playground, engine: Any) -> dict[str, Any]:
-    """Sidebar controls keyed by Settings field name (plus the status and display toggles)."""
+    """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
+    tree sliders start at the engine's default tree (smaller with int4 target weights)."""
+    tree = engine.config.default_tree
     default = ui.default_head(pg.heads)
     aux, layers = (default.use_aux, default.num_layers) if default else (True, 1)
     c: dict[str, Any] = {}
@@ -231,11 +232,11 @@ def _sidebar(pg: Playground, engine: Any) -> dict[str, Any]:
         c["layers"] = gr.Radio(ui.layer_choices(pg.heads, aux) or [layers], value=layers,
                                label="Draft layers", elem_id="layers")
         c["note"] = gr.Markdown(elem_id="head-note")
-        c["topk"] = gr.Slider(1, 10, DEFAULT_TREE.topk, step=1, precision=0, label="topk",
+        c["topk"] = gr.Slider(1, 10, tree.topk, step=1, precision=0, label="topk",
                               elem_id="topk")
-        c["num_steps"] = gr.Slider(1, 10, DEFAULT_TREE.num_steps, step=1, precision=0,
+        c["num_steps"] = gr.Slider(1, 10, tree.num_steps, step=1, precision=0,
                                    label="Draft steps (depth)", elem_id="num-steps")
-        c["num_draft_tokens"] = gr.Slider(2, 64, DEFAULT_TREE.num_draft_tokens, step=1,
+        c["num_draft_tokens"] = gr.Slider(2, 64, tree.num_draft_tokens, step=1,
                                           precision=0, label="Draft tokens", elem_id="draft-tokens")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
@@ -355,7 +356,7 @@ def load_engine(args: argparse.Namespace) -> Any:
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engine.head_info())
-    engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4), DEFAULT_TREE,
+    engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4), config.default_tree,
                     head and head.name)
     log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
     return engine

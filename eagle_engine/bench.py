@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .cli import add_engine_args, add_sampling_args, add_tree_args, engine_config
+from .cli import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
 from .config import ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
 
@@ -221,7 +221,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     engine = EagleEngine.load(replace(config, drafts=tuple(specs)) if specs else config)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
+    tree = tree_params(args, engine.config)
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
     runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
     if args.int4_trees:

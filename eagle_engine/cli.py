@@ -12,9 +12,7 @@ import logging
 import sys
 import time
 
-from .config import ConfigError, EngineConfig, SamplingParams, TreeParams
-
-DEFAULT_TREE = TreeParams()
+from .config import INT4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -35,9 +33,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topk", type=int, default=DEFAULT_TREE.topk)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE.num_steps)
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE.num_draft_tokens)
+    p.add_argument("--topk", type=int, default=None,
+                   help=f"default {TreeParams().topk}")
+    p.add_argument("--num-steps", type=int, default=None,
+                   help=f"default {TreeParams().num_steps}")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help=f"default {TreeParams().num_draft_tokens}, with --int4-weights "
+                   f"{INT4_TREE.num_draft_tokens}")
+
+
+def tree_params(args: argparse.Namespace, config: EngineConfig) -> TreeParams:
+    """The tree flags given, the rest from `config.default_tree`."""
+    base = config.default_tree
+    return TreeParams(base.topk if args.topk is None else args.topk,
+                      base.num_steps if args.num_steps is None else args.num_steps,
+                      base.num_draft_tokens if args.num_draft_tokens is None
+                      else args.num_draft_tokens)
 
 
 def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:
@@ -79,9 +90,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             stop=tuple(args.stop))
-    tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
+    config = engine_config(args, need_draft=not args.no_spec)
+    tree = tree_params(args, config)
     t0 = time.perf_counter()
-    engine = EagleEngine.load(engine_config(args, need_draft=not args.no_spec))
+    engine = EagleEngine.load(config)
     startup = time.perf_counter() - t0
     head = None if args.no_spec else pick_head(engine, args.draft)
     prompt_ids = engine.encode(args.prompt)

@@ -290,6 +290,9 @@ class TreeParams:
         return self.topk + (self.num_steps - 1) * self.topk * self.topk
 
 
+INT4_TREE = TreeParams(num_draft_tokens=4)  # int4 target weights: "4-bit target weights" sweep
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What to load. `drafts` are names of bundled heads, directories or hub ids;
@@ -313,3 +316,9 @@ class EngineConfig:
             raise ConfigError(f"max_len must be >= 16, got {self.max_len}")
         if self.int4_weights and torch.device(self.device).type != "cpu":
             raise ConfigError(f"int4 target weights are a CPU path; device is {self.device!r}")
+
+    @property
+    def default_tree(self) -> TreeParams:
+        """The fastest tree of the measured sweeps for these weights (README, "Tree sweep" and
+        "4-bit target weights"): the int4 kernel verifies at most 4 tree tokens cheaply."""
+        return INT4_TREE if self.int4_weights else TreeParams()

@@ -344,11 +344,11 @@ def syncs_per_iteration(engine: EagleEngine, head: str, prompt_ids: list[int],
 
 def model_rows(args: argparse.Namespace) -> list[Row]:
     """Parity, syncs and throughput on the requested target and head."""
-    from .cli import pick_head
+    from .cli import pick_head, tree_params
 
-    tree = TreeParams(args.topk, args.num_steps, args.num_draft_tokens)
     config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
                           device="cuda", max_len=args.max_len)
+    tree = tree_params(args, config)
     try:
         loaded = EagleEngine.load(config)
         head = pick_head(loaded, args.draft)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from eagle_engine.config import INT4_TREE, EngineConfig, TreeParams
 from eagle_engine.events import StepEvent
 from eagle_engine.ui_render import first_difference
 
@@ -170,8 +171,7 @@ def test_clear_resets_history(app_server: AppServer) -> None:
 class FakeEngine:
     """Just enough engine for the app: one head, a fixed answer, and a failure on 'boom'."""
 
-    config = SimpleNamespace(target="fake", device="cpu", dtype="fp32", cuda_graphs=False,
-                             int4_weights=False)
+    config = EngineConfig(target="fake", dtype="fp32")
 
     def __init__(self, events: list[StepEvent]) -> None:
         self.events = events
@@ -211,6 +211,24 @@ def test_engine_failure_is_readable_and_page_stays_usable(fake_app: Any) -> None
     final = fake_app.predict("hello", api_name="/chat")
     assert final[OUT["run"]]["text"] == "Speculation is <b> fast\nwhen drafts agree."
     assert len(final[OUT["chat"]]) == 2
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_tree_sliders_start_at_the_default_tree_of_the_weights(
+        fixed_events: list[StepEvent], int4: bool) -> None:
+    """bf16 targets start at `TreeParams()`; int4 targets at the 4-token tree their sweep chose
+    (8 tree tokens run slower than the int4 baseline)."""
+    import app
+
+    engine = FakeEngine(fixed_events)
+    engine.config = EngineConfig(target="fake", dtype="fp32", int4_weights=int4)
+    demo = app.build_demo(engine)
+    sliders = {b.elem_id: b.value for b in demo.blocks.values()
+               if b.elem_id in ("topk", "num-steps", "draft-tokens")}
+    tree = INT4_TREE if int4 else TreeParams()
+    assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
+                       "draft-tokens": tree.num_draft_tokens}
+    assert tree.num_draft_tokens == (4 if int4 else 8)
 
 
 def test_frames_are_paced_but_every_event_is_drawn() -> None:

@@ -240,3 +240,19 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
     assert pick_head(engine, "eagle3-noaux-1layer") == "eagle3-noaux-1layer"
     with pytest.raises(ConfigError, match=r"draft head 'owner/other' is not loaded"):
         pick_head(engine, "owner/other")
+
+
+def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
+    """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for bf16
+    targets, 4 with --int4-weights; flags given always win."""
+    from types import SimpleNamespace
+
+    from eagle_engine.cli import tree_params
+    from eagle_engine.config import INT4_TREE, EngineConfig
+
+    args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)
+    assert tree_params(args, EngineConfig()) == TreeParams()
+    assert tree_params(args, EngineConfig(int4_weights=True)) == INT4_TREE
+    assert INT4_TREE.num_draft_tokens == 4 and TreeParams().num_draft_tokens == 8
+    args.num_draft_tokens, args.topk = 6, 2
+    assert tree_params(args, EngineConfig(int4_weights=True)) == TreeParams(2, 3, 6)
