@@ -4,7 +4,8 @@ Quantizing a weight that lies on a Q4_1 grid gives back its codes, scales and mi
 (random grids, and every decoder linear of the bundled Q4_1 target, whose bf16 load gives the
 same codes); the int4 kernel equals a
 plain product with the dequantized weight for one token, a tree and a prefill; an engine with
-int4 weights keeps greedy speculative output equal to its own greedy baseline; bad shapes and
+int4 weights keeps greedy speculative output equal to its own greedy baseline and its caches
+equal to a fresh prefill after every commit; bad shapes and
 devices are refused with the values named.
 """
 from __future__ import annotations
@@ -104,6 +105,22 @@ def test_engine_int4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
     base = engine.generate(ids, params).token_ids
     for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
         assert engine.generate(ids, params, tree, "head").token_ids == base
+
+
+def test_int4_caches_after_every_commit_equal_a_fresh_prefill(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's cache invariant on an int4 target: with an oracle draft (`test_loop.Oracle`,
+    each level right with probability 0.7) accept lengths vary, the output equals the greedy
+    baseline, and after every commit both caches equal a fresh prefill."""
+    from tests.test_loop import GREEDY, PROMPTS, Oracle, step_lengths
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, int4_weights=True)
+    base = engine.generate(PROMPTS[0], GREEDY).token_ids
+    oracle = Oracle(engine, PROMPTS[0], accuracy=0.7, seed=0).install(monkeypatch)
+    result = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 10), "head", keep_events=True)
+    lengths = step_lengths(result)
+    assert result.token_ids == base
+    assert oracle.checks == len(lengths) and len(set(lengths)) >= 2 and max(lengths) >= 3
 
 
 def test_app_status_names_int4_weights() -> None:
