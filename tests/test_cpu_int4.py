@@ -2,10 +2,9 @@
 
 Quantizing a weight that lies on a Q4_1 grid gives back its codes, scales and minimums exactly
 (random grids, and every decoder linear of the bundled Q4_1 target, whose bf16 load gives the
-same codes); the int4 kernel equals a
-plain product with the dequantized weight for one token, a tree and a prefill; an engine with
-int4 weights keeps greedy speculative output equal to its own greedy baseline and its caches
-equal to a fresh prefill after every commit; bad shapes and
+same codes); the int4 kernel equals a plain product with the dequantized weight for one token,
+a tree and a prefill; an engine with int4 weights keeps greedy speculative output equal to its
+own greedy baseline and its caches equal to a fresh prefill after every commit; bad shapes and
 devices are refused with the values named.
 """
 from __future__ import annotations
