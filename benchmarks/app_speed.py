@@ -50,7 +50,7 @@ def in_new_thread(fn: Any, *args: Any) -> Any:
 
 def threads(args: argparse.Namespace) -> dict:
     worker = app.EngineThread()
-    engine = worker.call(app.load_engine, app.parse_args([]))
+    engine = worker.call(app.load_engines, app.parse_args(["--no-int4"]))[0]
     return {"engine_thread": worker.call(answer_speeds, engine, args.tokens, args.repeats),
             "second_thread": in_new_thread(answer_speeds, engine, args.tokens, args.repeats)}
 
@@ -59,10 +59,10 @@ def frames(args: argparse.Namespace) -> dict:
     from gradio_client import Client
 
     worker = app.EngineThread()
-    engine = worker.call(app.load_engine, app.parse_args([]))
+    engines = worker.call(app.load_engines, app.parse_args(["--no-int4"]))
     clients = {}
     for interval in (0.0, app.FRAME_INTERVAL_S):
-        demo = app.build_demo(engine, worker, frame_interval=interval)
+        demo = app.build_demo(engines, worker, frame_interval=interval)
         demo.queue(max_size=16, default_concurrency_limit=1)
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
         clients[interval] = Client(url, verbose=False, analytics_enabled=False)

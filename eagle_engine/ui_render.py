@@ -60,14 +60,20 @@ def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                                        {"role": "assistant", "content": t["html"]})]
 
 
-def engine_status(config: Any, num_heads: int) -> str:
+def engine_status(config: Any, num_heads: int, weights: Sequence[str]) -> str:
+    """Markdown naming the target, heads, device, dtype, the target weights the app holds
+    (`weight_label` of each) and whether CUDA graphs run."""
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
-    weights = " · **target weights** int4" if config.int4_weights else ""
     return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
-            f"**Device** {config.device} · **dtype** {config.dtype}{weights} · "
-            f"**CUDA graphs** {graphs}")
+            f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
+            f"{' / '.join(weights)} · **CUDA graphs** {graphs}")
+
+
+def weight_label(config: Any) -> str:
+    """How a target holds its decoder weights: `int4` codes or its dtype."""
+    return "int4" if config.int4_weights else config.dtype
 
 
 @dataclass
@@ -266,6 +272,7 @@ class Settings:
     max_new_tokens: int
     seed: float | None
     compare: bool
+    weights: str  # `weight_label` of the target to run
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
@@ -290,9 +297,10 @@ SETTING_NAMES = [f.name for f in fields(Settings)]
 
 
 def run_record(view: AnswerView, head: str | None, speedup: float | None,
-               base: AnswerView | None, greedy: bool) -> dict[str, Any]:
+               base: AnswerView | None, greedy: bool, weights: str) -> dict[str, Any]:
     """The JSON summary of a finished answer (and its baseline run, when compared)."""
-    return {"head": head, "text": view.text, "spans": view.spans, "stats": view.stats,
+    return {"head": head, "weights": weights, "text": view.text, "spans": view.spans,
+            "stats": view.stats,
             "finished": view.finished, "speedup": speedup,
             "baseline": base and {"text": base.text, "stats": base.stats},
             "greedy_identical": base.text == view.text if base and greedy else None}

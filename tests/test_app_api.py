@@ -48,7 +48,21 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
     assert {"/chat", "/regenerate", "/stop", "/clear"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
     assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
-                     "temperature", "top_p", "max_new_tokens", "seed", "compare"]
+                     "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights"]
+
+
+@pytest.mark.skipif(EngineConfig().dtype != "bf16", reason="the app offers int4 weights only "
+                    "on a CPU with bf16")
+def test_int4_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
+    """"Target weights: int4" runs the 4-bit copy of the target: a real answer, with drafts
+    accepted, and the run record names the weights."""
+    client = app_server.client()
+    final = client.predict(PROMPT, **SMALL, weights="int4", num_draft_tokens=4, api_name="/chat")
+    run = final[OUT["run"]]
+    assert run["weights"] == "int4" and len(run["spans"]) >= 24 and run["stats"]["tau"] > 1
+    assert "int4 target" in final[OUT["status"]]
+    default = client.predict(PROMPT, **SMALL, api_name="/chat")[OUT["run"]]
+    assert default["weights"] == "bf16"
 
 
 def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServer) -> None:
@@ -194,7 +208,7 @@ def fake_app(fixed_events: list[StepEvent]) -> Iterator[Any]:
     """The real Blocks over FakeEngine, launched in-process on 127.0.0.1."""
     import app
 
-    demo = app.build_demo(FakeEngine(fixed_events))
+    demo = app.build_demo([FakeEngine(fixed_events)])
     demo.queue(max_size=16, default_concurrency_limit=1)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     from gradio_client import Client
@@ -222,13 +236,37 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
 
     engine = FakeEngine(fixed_events)
     engine.config = EngineConfig(target="fake", dtype="fp32", int4_weights=int4)
-    demo = app.build_demo(engine)
+    demo = app.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
                if b.elem_id in ("topk", "num-steps", "draft-tokens")}
     tree = INT4_TREE if int4 else TreeParams()
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens}
     assert tree.num_draft_tokens == (4 if int4 else 8)
+
+
+def test_target_weights_pick_the_engine_and_its_default_tree(
+        fixed_events: list[StepEvent]) -> None:
+    """Two engines (bf16 and int4 weights): the run uses the chosen one and records it, the
+    tree sliders move to its default tree, and unknown weights are refused by name."""
+    import app
+    from eagle_engine import ui_render as ui
+
+    engines = [FakeEngine(fixed_events), FakeEngine(fixed_events[:1])]
+    engines[0].config = EngineConfig(target="fake", dtype="bf16")
+    engines[1].config = EngineConfig(target="fake", dtype="bf16", int4_weights=True)
+    pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
+    assert list(pg.engines) == ["bf16", "int4"]
+    assert [u["value"] for u in pg.weights_changed("int4")] == [4, 3, INT4_TREE.num_draft_tokens]
+    assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8]
+    records = {}
+    for weights in ("bf16", "int4"):
+        settings = ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, weights)
+        records[weights] = list(pg.run([], "hello", settings))[-1][app.OUTPUTS.index("run")]
+    assert records["int4"]["weights"] == "int4" and records["bf16"]["weights"] == "bf16"
+    assert records["int4"]["text"] != records["bf16"]["text"]  # the int4 fake stops early
+    assert "target weights 'fp16' are not loaded; loaded: ['bf16', 'int4']" in pg.problems(
+        "hello", ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, "fp16"))
 
 
 def test_frames_are_paced_but_every_event_is_drawn() -> None:

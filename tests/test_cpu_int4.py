@@ -122,8 +122,10 @@ def test_int4_caches_after_every_commit_equal_a_fresh_prefill(
     assert oracle.checks == len(lengths) and len(set(lengths)) >= 2 and max(lengths) >= 3
 
 
-def test_app_status_names_int4_weights() -> None:
-    from eagle_engine.ui_render import engine_status
+def test_app_status_names_the_target_weights() -> None:
+    from eagle_engine.ui_render import engine_status, weight_label
 
-    assert "**target weights** int4" in engine_status(EngineConfig(int4_weights=True), 3)
-    assert "int4" not in engine_status(EngineConfig(), 3)
+    configs = [EngineConfig(dtype="bf16"), EngineConfig(dtype="bf16", int4_weights=True)]
+    assert [weight_label(c) for c in configs] == ["bf16", "int4"]
+    assert "**target weights** bf16 / int4 ·" in engine_status(configs[0], 3, ["bf16", "int4"])
+    assert "**target weights** fp32 ·" in engine_status(EngineConfig(dtype="fp32"), 3, ["fp32"])
