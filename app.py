@@ -2,7 +2,8 @@
 coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
 
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
-model package, engine load with warm-up, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
+model package, engine load with warm-up, plus the int4-weight copy of the target on a CPU with
+bf16, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
 Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
 """
 from __future__ import annotations
