@@ -228,7 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         if engine.config.int4_weights:
             raise ConfigError("--int4-trees runs an int4 target beside the main one; "
                               "drop --int4-weights")
-        quantized = EagleEngine.load(replace(engine.config, int4_weights=True))
+        quantized = EagleEngine.load(replace(engine.config, int4_weights=True), heads_of=engine)
         runs += mode_runs(quantized, " int4", modes, heads, parse_sweep(args.int4_trees))
     for warm in {id(r.engine): r.engine for r in runs}.values():
         warm.generate(warm.encode("Hello"), SamplingParams(max_new_tokens=8))

@@ -75,6 +75,20 @@ def bundled_head_dirs() -> list[Path]:
     return sorted(p for p in ASSETS.glob("*") if (p / "config.json").is_file())
 
 
+def load_heads(config: EngineConfig, target: TargetModel, dtype: torch.dtype
+               ) -> dict[str, Eagle3Draft]:
+    """`config.drafts` loaded for `target` ("bundled": every bundled head, for the bundled
+    target only), keyed by `head_name`."""
+    specs = [str(p) for p in bundled_head_dirs()] if config.drafts == ("bundled",) else list(
+        config.drafts)
+    if config.drafts == ("bundled",) and config.target != "bundled":
+        specs = []
+    return {head_name(spec): load_draft(head_source(spec), target.cfg, target.embed_tokens,
+                                        target.lm_head, config.max_len + 512, dtype,
+                                        config.device, config.allow_pickle)
+            for spec in specs}
+
+
 class EagleEngine:
     def __init__(self, target: TargetModel, tokenizer: object, heads: dict[str, Eagle3Draft],
                  config: EngineConfig) -> None:
@@ -85,23 +99,21 @@ class EagleEngine:
         self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
     @classmethod
-    def load(cls, config: EngineConfig, tokenizer: object | None = None) -> EagleEngine:
+    def load(cls, config: EngineConfig, tokenizer: object | None = None,
+             heads_of: EagleEngine | None = None) -> EagleEngine:
+        """`heads_of`: reuse that engine's heads and tokenizer instead of loading them: for a
+        second copy of the same target with other weights (the app's int4 copy), whose
+        embedding and lm_head, which the heads read, hold the same values."""
         t0 = time.perf_counter()
         directory = resolve_target(config.target)
         t1 = time.perf_counter()
         dtype = parse_dtype(config.dtype)
         target = load_target(directory, dtype, config.device, config.max_len)
-        tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
-        heads: dict[str, Eagle3Draft] = {}
-        specs = [str(p) for p in bundled_head_dirs()] if config.drafts == ("bundled",) else list(
-            config.drafts)
-        if config.drafts == ("bundled",) and config.target != "bundled":
-            specs = []
-        for spec in specs:
-            heads[head_name(spec)] = load_draft(head_source(spec), target.cfg,
-                                                target.embed_tokens, target.lm_head,
-                                                config.max_len + 512, dtype, config.device,
-                                                config.allow_pickle)
+        if heads_of is not None:
+            tokenizer, heads = heads_of.tokenizer, heads_of.heads
+        else:
+            tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
+            heads = load_heads(config, target, dtype)
         if config.int4_weights:
             done, kept = quantize_decoder_linears(target)
             log.info("int4 target weights: %d decoder linears, %d left in %s", done, kept,
@@ -110,7 +122,7 @@ class EagleEngine:
                 log.warning("the CPU int4 kernel is slow with %s activations; bf16 is the fast "
                             "path", config.dtype)
         if config.packed_weights and can_pack(config.device, dtype):
-            for model in (target, *heads.values()):
+            for model in (target, *heads.values()):  # shared heads are packed already
                 pack_linears(model)
         engine = cls(target, tokenizer, heads, config)
         engine.load_times = {"resolve_s": t1 - t0, "load_s": time.perf_counter() - t1}

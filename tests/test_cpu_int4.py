@@ -9,6 +9,7 @@ devices are refused with the values named.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.engine import EagleEngine
 from eagle_engine.models.cpu_int4 import GROUP, Int4Linear, quantize_decoder_linears, quantize_int4
 from eagle_engine.models.loader import load_target
 from tests.helpers import tiny_engine
@@ -104,6 +106,21 @@ def test_engine_int4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
     base = engine.generate(ids, params).token_ids
     for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
         assert engine.generate(ids, params, tree, "head").token_ids == base
+
+
+def test_int4_copy_shares_the_heads_of_its_twin(tmp_path: Path) -> None:
+    """`EagleEngine.load(..., heads_of=engine)` (the app's and `bench --int4-trees`' int4 copy)
+    reuses the heads and tokenizer, quantizes only its own target, and its greedy speculation
+    equals its own baseline."""
+    first = tiny_engine(tmp_path)
+    twin = EagleEngine.load(replace(first.config, int4_weights=True), heads_of=first)
+    assert twin.heads is first.heads and twin.tokenizer is first.tokenizer
+    assert isinstance(twin.target.layers[0].mlp.down_proj, Int4Linear)
+    assert not any(isinstance(m, Int4Linear) for m in first.target.modules())
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    ids = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    assert (twin.generate(ids, params, TreeParams(4, 3, 8), "head").token_ids
+            == twin.generate(ids, params).token_ids)
 
 
 def test_int4_caches_after_every_commit_equal_a_fresh_prefill(
