@@ -12,8 +12,8 @@ mean KL divergence of its next-token distribution from fp32's.
 
 What to read: decoding one token is a matrix-vector product bound by the bytes of the weights,
 so 4-bit weights make it faster; EAGLE-3 pays off when verifying n tree tokens costs about as
-much as one token, and the int4 kernel unpacks the weights again for every input row, so its
-cost grows with n. Not a test: timings depend on the machine.
+much as one token, and the int4 kernel unpacks the weights again for every few input rows, so
+its cost grows with n. Not a test: timings depend on the machine.
 """
 from __future__ import annotations
 

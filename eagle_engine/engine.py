@@ -180,11 +180,12 @@ class EagleEngine:
     def stream(self, prompt_ids: list[int], params: SamplingParams,
                tree: TreeParams | None = None, head: str | None = None,
                trace: bool = True) -> Iterator[StepEvent]:
-        """Yield one event per iteration. `head=None` runs the baseline (target only).
+        """Yield one event per iteration. `head=None` runs the baseline (target only); `tree`
+        defaults to `config.default_tree` (the measured best for the target's weights).
         `trace` adds the verified tree and the rejected drafts (for the UI) to each event.
         Run time in the stats is the engine's own: time the caller holds an event (a UI drawing
         a frame) is not counted, so tokens/s and speedups do not depend on the consumer."""
-        tree = tree or TreeParams()
+        tree = tree or self.config.default_tree
         self._check_request(prompt_ids, tree, head)
         run = _Run(self, prompt_ids, params, tree, head, trace)
         for ev in run.loop():

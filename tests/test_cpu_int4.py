@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.config import (INT4_TREE, ConfigError, EngineConfig, SamplingParams,
+                                 TreeParams)
 from eagle_engine.engine import EagleEngine
 from eagle_engine.models.cpu_int4 import GROUP, Int4Linear, quantize_decoder_linears, quantize_int4
 from eagle_engine.models.loader import load_target
@@ -106,6 +107,9 @@ def test_engine_int4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
     base = engine.generate(ids, params).token_ids
     for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
         assert engine.generate(ids, params, tree, "head").token_ids == base
+    default = engine.generate(ids, params, None, "head", keep_events=True)  # config's tree
+    assert default.token_ids == base
+    assert {len(ev.tree) for ev in default.events if ev.tree} == {INT4_TREE.num_draft_tokens}
 
 
 def test_int4_copy_shares_the_heads_of_its_twin(tmp_path: Path) -> None:
