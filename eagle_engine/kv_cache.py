@@ -23,6 +23,15 @@ class KVCache:
         rows = [self.data[i * batch:(i + 1) * batch] for i in range(2 * num_layers)]
         self.layers = list(zip(rows[0::2], rows[1::2]))  # per layer (k, v) [B, kvh, len, hd]
 
+    def keep_batch_rows(self, rows: torch.Tensor) -> KVCache:
+        """A new cache holding only the batch rows `rows` [n] (in that order) of this one."""
+        L2, B = len(self.layers) * 2, self.layers[0][0].shape[0]
+        _, kvh, max_len, hd = self.data.shape
+        kept = KVCache(L2 // 2, rows.numel(), kvh, max_len, hd, self.data.dtype, self.data.device)
+        kept.data.view(L2, rows.numel(), kvh, max_len, hd).copy_(
+            self.data.view(L2, B, kvh, max_len, hd)[:, rows])
+        return kept
+
     def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
         """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n)."""
         n = src_rows.numel()

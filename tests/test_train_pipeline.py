@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,12 @@ import torch
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
+from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
-from eagle_engine.train.pipeline import inherited_vocab, init_head
-from eagle_engine.train.trainer import ttt_attention
+from eagle_engine.train.pipeline import inherited_vocab, init_head, keep_freed_memory
+from eagle_engine.train.trainer import Batch, TrainParams, ttt_attention, ttt_hidden, ttt_loss
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
@@ -43,14 +45,16 @@ def test_quick_pipeline(tmp_path: Path) -> None:
     assert spec.token_ids == base.token_ids
 
 
-def test_ttt_attention_matches_explicit_mask() -> None:
-    """The TTT attention equals plain attention over [causal step-0 keys | own chain keys]."""
+@pytest.mark.parametrize("block", [128, 2, 3])
+def test_ttt_attention_matches_explicit_mask(block: int) -> None:
+    """The TTT attention equals plain attention over [causal step-0 keys | own chain keys],
+    in one query block and split into several (the last one shorter)."""
     torch.manual_seed(0)
     B, H, KVH, T, d = 2, 4, 2, 5, 8
     q = torch.randn(B, H, T, d)
     keys = [torch.randn(B, KVH, T, d) for _ in range(3)]
     values = [torch.randn(B, KVH, T, d) for _ in range(3)]
-    out = ttt_attention(q, keys, values)
+    out = ttt_attention(q, keys, values, block)
     g = H // KVH
     for b in range(B):
         for h in range(H):
@@ -61,6 +65,43 @@ def test_ttt_attention_matches_explicit_mask() -> None:
                                                                for v in values[1:]])
                 w = torch.softmax(ks @ q[b, h, t] / d ** 0.5, 0)
                 torch.testing.assert_close(out[b, h, t], w @ vs, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_ttt_loss_is_the_soft_cross_entropy(tiny_target) -> None:  # noqa: ANN001
+    """`ttt_loss` equals sum_k 0.8^k * mean over scored positions of
+    -sum_v p_target(v) log p_draft(v), written out with log_softmax, and its accuracies are the
+    draft's top-1 against the target's argmax."""
+    head = random_head(tiny_target.cfg, seed=5, draft_vocab=40)
+    T = 12
+    ids = torch.randint(3, tiny_target.cfg.vocab_size, (2, T),
+                        generator=torch.Generator().manual_seed(1))
+    aux_ids = head.cfg.resolve_aux_layer_ids(tiny_target.cfg)
+    out = tiny_target(ids, torch.arange(T)[None].expand(2, T), tiny_target.new_cache(
+        batch=2, max_len=T), 0, causal_mask(T, 0, "cpu"), aux_ids)
+    valid = torch.rand(2, T, generator=torch.Generator().manual_seed(2)) < 0.7
+    batch = Batch(ids=ids, aux=out.aux_hidden.clone(), final=out.final_hidden.clone(), valid=valid,
+                  argmax=out.logits.argmax(-1))
+    target_head = tiny_target.lm_head.weight[head.hot_ids]
+    params = TrainParams(ttt_length=3)
+    loss, losses, accs = ttt_loss(head, batch, target_head, params)
+    expected = 0.0
+    for k, h in enumerate(ttt_hidden(head, batch, 3)):
+        s = k + 1
+        v = valid[:, s:]
+        logp = torch.log_softmax(head.lm_head(head.norm(h[:, :T - s][v])), -1)
+        p = torch.softmax(batch.final[:, s:][v] @ target_head.T, -1)
+        step = -(p * logp).sum(-1).mean()
+        torch.testing.assert_close(losses[k], float(step), rtol=1e-5, atol=1e-5)
+        hit = head.hot_ids[logp.argmax(-1)] == batch.argmax[:, s:][v]
+        assert accs[k] == pytest.approx(float(hit.float().mean()))
+        expected = expected + 0.8 ** k * step
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_cpu_training_keeps_freed_memory() -> None:
+    assert keep_freed_memory()
 
 
 def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path) -> None:
