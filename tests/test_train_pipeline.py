@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
-from eagle_engine.train.pipeline import inherited_vocab, init_head, keep_freed_memory
+from eagle_engine.train.pipeline import inherited_vocab, init_head
 from eagle_engine.train.trainer import Batch, TrainParams, ttt_attention, ttt_hidden, ttt_loss
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
@@ -97,11 +96,6 @@ def test_ttt_loss_is_the_soft_cross_entropy(tiny_target) -> None:  # noqa: ANN00
         assert accs[k] == pytest.approx(float(hit.float().mean()))
         expected = expected + 0.8 ** k * step
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
-def test_cpu_training_keeps_freed_memory() -> None:
-    assert keep_freed_memory()
 
 
 def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ every stage in CI time (not a quality run).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
+import os
 import logging
 import time
 from collections.abc import Callable
@@ -174,24 +174,12 @@ def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | N
             own[name].copy_(t.float())
 
 
-def keep_freed_memory() -> bool:
-    """glibc: serve large blocks from the heap and keep freed memory for reuse (`mallopt`
-    M_MMAP_MAX 0, M_TRIM_THRESHOLD max). PyTorch's CPU allocator caches nothing, so each
-    [tokens, draft vocab] float tensor of a training step (hundreds of MB) was a fresh mmap that
-    the kernel zeroes page by page: over half of a CPU step's time. Returns False where the C
-    library has no `mallopt` (not glibc)."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(-4, 0)) and bool(mallopt(-1, 2**31 - 1))  # M_MMAP_MAX, M_TRIM_THRESHOLD
-
-
 def run_pipeline(args: argparse.Namespace) -> None:
     if args.quick:
         quick_overrides(args)
-    if args.device == "cpu" and not keep_freed_memory():
-        log.info("no glibc mallopt: CPU training steps will spend time in page faults")
+    if args.device == "cpu" and "jemalloc" not in os.environ.get("LD_PRELOAD", ""):
+        log.info("CPU training spends much of its time in page faults with glibc's allocator: "
+                 "preloading jemalloc about halves it (README, 'Training on the CPU')")
     deadline = time.time() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
     specs = head_specs(args)
     samples = samples_by_source(args)
