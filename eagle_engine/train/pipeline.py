@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -98,8 +98,8 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     """q [B, H, T, d]; keys/values: per TTT step [B, KVH, T, d]. Step-0 keys are attended
     causally, later steps only at the query's own position (its own draft chain). Runs SDPA per
     block of `block` queries over [step-0 keys up to the block's end | the block's own keys of
-    each later step], so no [T, T] score matrix is built: on the CPU that took 3x the time and
-    gigabytes of memory per step on long conversations."""
+    each later step], so no [T, T] score matrix is built (it took gigabytes of memory per step
+    on long conversations)."""
     T = q.shape[2]
     out = []
     for a in range(0, T, block):
