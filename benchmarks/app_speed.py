@@ -50,7 +50,7 @@ def in_new_thread(fn: Any, *args: Any) -> Any:
 
 def threads(args: argparse.Namespace) -> dict:
     worker = app.EngineThread()
-    engine = worker.call(app.load_engines, app.parse_args(["--no-int4"]))[0]
+    engine = worker.call(app.load_engines, app.parse_args(["--single-weights"]))[0]
     return {"engine_thread": worker.call(answer_speeds, engine, args.tokens, args.repeats),
             "second_thread": in_new_thread(answer_speeds, engine, args.tokens, args.repeats)}
 
@@ -59,7 +59,7 @@ def frames(args: argparse.Namespace) -> dict:
     from gradio_client import Client
 
     worker = app.EngineThread()
-    engines = worker.call(app.load_engines, app.parse_args(["--no-int4"]))
+    engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
     clients = {}
     for interval in (0.0, app.FRAME_INTERVAL_S):
         demo = app.build_demo(engines, worker, frame_interval=interval)

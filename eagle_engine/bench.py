@@ -5,8 +5,8 @@ through each requested mode and head, interleaved per prompt so both modes see t
 load, and reports tokens/s, mean accepted length tau, acceptance per depth, greedy agreement with
 the baseline and the speedup measured in this run. `--sweep` compares tree shapes; `--costs`
 measures the verify cost of N tree tokens and the draft step cost relative to one target step;
-`--int4-trees` loads the target a second time with 4-bit weights and runs its baseline and
-EAGLE-3 with those trees in the same rounds.
+`--other-weights-trees` loads the target a second time with the other weight format (q4 <->
+dense) and runs its baseline and EAGLE-3 with those trees in the same rounds.
 Not here: the decoding itself (`engine.py`).
 """
 from __future__ import annotations
@@ -68,9 +68,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    "head names or head directories (default: --draft)")
     p.add_argument("--sweep", default=None, help="tree shapes 'topk,steps,tokens;...'")
     p.add_argument("--costs", action="store_true", help="measure verify/draft cost ratios")
-    p.add_argument("--int4-trees", default=None,
-                   help="also run an int4-weight target (`--int4-weights`): its baseline and "
-                   "EAGLE-3 with these tree shapes 'topk,steps,tokens;...'")
+    p.add_argument("--other-weights-trees", default=None,
+                   help="also run the target with the other weights (q4 <-> dense in --dtype): "
+                   "its baseline and EAGLE-3 with these tree shapes 'topk,steps,tokens;...'")
     p.add_argument("--first-turn-only", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     add_engine_args(p)
@@ -224,16 +224,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
     tree = tree_params(args, engine.config)
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
     runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
-    if args.int4_trees:
-        if engine.config.int4_weights:
-            raise ConfigError("--int4-trees runs an int4 target beside the main one; "
-                              "drop --int4-weights")
-        quantized = EagleEngine.load(replace(engine.config, int4_weights=True), heads_of=engine)
-        runs += mode_runs(quantized, " int4", modes, heads, parse_sweep(args.int4_trees))
+    if args.other_weights_trees:
+        other = EagleEngine.load(replace(engine.config, dtype=args.dtype, weights=(
+            "dense" if engine.config.weights == "q4" else "q4")))
+        runs += mode_runs(other, " " + other.config.weights_label, modes, heads,
+                          parse_sweep(args.other_weights_trees))
     for warm in {id(r.engine): r.engine for r in runs}.values():
         warm.generate(warm.encode("Hello"), SamplingParams(max_new_tokens=8))
     report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": engine.config.dtype,
-                    "int4_weights": engine.config.int4_weights,
+                    "weights": engine.config.weights_label,
                     "max_new_tokens": args.max_new_tokens, "sampling": {
                         "temperature": args.temperature, "top_p": args.top_p,
                         "top_k": args.top_k, "seed": args.seed},
@@ -247,11 +246,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
         ar = totals["ar"].summary()["tokens_per_s"]
         for k, v in report["modes"].items():
             v["speedup_vs_ar"] = round(v["tokens_per_s"] / ar, 3) if ar else None
-    if "ar int4" in totals:
-        ar4 = totals["ar int4"].summary()["tokens_per_s"]
+    for suffix in {r.label[2:] for r in runs if r.head is None and r.label != "ar"}:
+        other_ar = totals["ar" + suffix].summary()["tokens_per_s"]
         for k, v in report["modes"].items():
-            if k.startswith("eagle int4"):
-                v["speedup_vs_ar_int4"] = round(v["tokens_per_s"] / ar4, 3) if ar4 else None
+            if k.startswith(f"eagle{suffix}["):
+                v["speedup_vs_own_ar"] = round(v["tokens_per_s"] / other_ar, 3) if other_ar else None
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 
-from .config import INT4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
+from .config import Q4_TREE, WEIGHTS, ConfigError, EngineConfig, SamplingParams, TreeParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -28,8 +28,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--no-packed-weights", action="store_true",
                    help="CPU: use plain F.linear instead of oneDNN-packed weights")
-    p.add_argument("--int4-weights", action="store_true",
-                   help="CPU: target decoder linears as 4-bit codes (exact for a Q4_1 GGUF)")
+    p.add_argument("--weights", default="auto", choices=WEIGHTS,
+                   help="target weights: q4 (CPU: the GGUF's 4-bit codes, fp32 activations), "
+                   "dense (in --dtype); auto: q4 for a GGUF target on CPU, else dense")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -38,8 +39,8 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-steps", type=int, default=None,
                    help=f"default {TreeParams().num_steps}")
     p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help=f"default {TreeParams().num_draft_tokens}, with --int4-weights "
-                   f"{INT4_TREE.num_draft_tokens}")
+                   help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
+                   f"{Q4_TREE.num_draft_tokens}")
 
 
 def tree_params(args: argparse.Namespace, config: EngineConfig) -> TreeParams:
@@ -59,7 +60,7 @@ def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineCo
                         device=args.device, max_len=args.max_len,
                         allow_pickle=args.allow_pickle, cuda_graphs=not args.no_cuda_graphs,
                         packed_weights=not args.no_packed_weights,
-                        int4_weights=args.int4_weights)
+                        weights=args.weights)
 
 
 def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily

@@ -24,7 +24,7 @@ from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import causal_mask
-from .models.cpu_int4 import quantize_decoder_linears
+from .models.cpu_lowbit import quantize_target
 from .models.cpu_pack import can_pack, pack_linears
 from .models.draft_io import load_draft
 from .models.draft_model import Eagle3Draft
@@ -102,25 +102,23 @@ class EagleEngine:
     def load(cls, config: EngineConfig, tokenizer: object | None = None,
              heads_of: EagleEngine | None = None) -> EagleEngine:
         """`heads_of`: reuse that engine's heads and tokenizer instead of loading them: for a
-        second copy of the same target with other weights (the app's int4 copy), whose
-        embedding and lm_head, which the heads read, hold the same values."""
+        second copy of the same target with other weights in the same dtype, whose embedding
+        and lm_head, which the heads read, hold the same values."""
         t0 = time.perf_counter()
         directory = resolve_target(config.target)
         t1 = time.perf_counter()
         dtype = parse_dtype(config.dtype)
         target = load_target(directory, dtype, config.device, config.max_len)
+        if heads_of is not None and heads_of.config.dtype != config.dtype:
+            raise ConfigError(f"heads_of holds {heads_of.config.dtype} heads; this target is "
+                              f"{config.dtype}")
         if heads_of is not None:
             tokenizer, heads = heads_of.tokenizer, heads_of.heads
         else:
             tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
             heads = load_heads(config, target, dtype)
-        if config.int4_weights:
-            done, kept = quantize_decoder_linears(target)
-            log.info("int4 target weights: %d decoder linears, %d left in %s", done, kept,
-                     config.dtype)
-            if config.dtype != "bf16":  # README, "4-bit target weights": 5 vs 24 tok/s in fp32
-                log.warning("the CPU int4 kernel is slow with %s activations; bf16 is the fast "
-                            "path", config.dtype)
+        if config.weights == "q4":
+            log.info("q4 target weights: %s", quantize_target(target))
         if config.packed_weights and can_pack(config.device, dtype):
             for model in (target, *heads.values()):  # shared heads are packed already
                 pack_linears(model)

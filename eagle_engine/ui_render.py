@@ -62,18 +62,13 @@ def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 def engine_status(config: Any, num_heads: int, weights: Sequence[str]) -> str:
     """Markdown naming the target, heads, device, dtype, the target weights the app holds
-    (`weight_label` of each) and whether CUDA graphs run."""
+    (`EngineConfig.weights_label` of each) and whether CUDA graphs run."""
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
     return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
             f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
             f"{' / '.join(weights)} · **CUDA graphs** {graphs}")
-
-
-def weight_label(config: Any) -> str:
-    """How a target holds its decoder weights: `int4` codes or its dtype."""
-    return "int4" if config.int4_weights else config.dtype
 
 
 @dataclass
@@ -272,7 +267,7 @@ class Settings:
     max_new_tokens: int
     seed: float | None
     compare: bool
-    weights: str  # `weight_label` of the target to run
+    weights: str  # `EngineConfig.weights_label` of the target to run
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""

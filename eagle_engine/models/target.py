@@ -55,6 +55,7 @@ class TargetModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)
+        self.fused = None  # models/cpu_lowbit.FusedDecoder once the layers hold q4 codes
 
     @property
     def dtype(self) -> torch.dtype:
@@ -80,16 +81,19 @@ class TargetModel(nn.Module):
         `Attention.forward`; `mask` is then [B, T, max_len])."""
         h = self.embed_tokens(ids)  # [B, T, H]
         rope = self.rope.table(positions, h.dtype)
-        c = self.cfg
-        bias = score_bias(mask, c.num_heads, c.num_kv_heads, h.dtype)
-        captured: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
-            if i in aux_layer_ids:
+        if self.fused is not None and ids.shape[0] == 1 and cache_rows is None:
+            h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
+                                aux_layer_ids)
+        else:
+            bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
+            captured: list[torch.Tensor] = []
+            for i, layer in enumerate(self.layers):
+                if i in aux_layer_ids:
+                    captured.append(h)
+                h = layer(h, rope, cache.layers[i], start, bias, cache_rows)
+            if self.cfg.num_layers in aux_layer_ids:
                 captured.append(h)
-            h = layer(h, rope, cache.layers[i], start, bias, cache_rows)
-        if self.cfg.num_layers in aux_layer_ids:
-            captured.append(h)
+            aux = torch.cat(captured, dim=-1) if captured else None
         h = self.norm(h)
         logits = self.lm_head(h[:, -1:] if last_only else h).float()
-        aux = torch.cat(captured, dim=-1) if captured else None
         return TargetOutput(logits=logits, aux_hidden=aux, final_hidden=h)

@@ -1,19 +1,13 @@
-"""4-bit against bf16 target weights on CPU: target forwards of n tokens, one process.
+"""Each target weight format on this CPU: the cost of a target forward of 1, 4, 8, 16 tokens
+(the verify cost curve) and closeness to fp32 on fixed text.
 
-    PYTHONPATH=. python benchmarks/int4_weights.py [--context 300] [--repeats 21] [--sizes 1,4,8,16]
+    PYTHONPATH=. python benchmarks/weight_formats.py [--context 300] [--repeats 21] [--sizes 1,4,8,16]
 
-Loads the target twice, with bf16 weights packed for oneDNN (the default) and with
-`EngineConfig(int4_weights=True)` (decoder linears as 4-bit codes, `models/cpu_int4.py`), and
-times target forwards of n tokens after `--context` tokens for both, interleaved in rounds
-(`bench.interleaved_medians`) so the two see the same machine. Also reports how closely each
-follows the fp32 model (the GGUF's weights without rounding): on the fp32 model's own greedy
-answers to three prompts, teacher-forced, how often each predicts the same next token and the
-mean KL divergence of its next-token distribution from fp32's.
-
-What to read: decoding one token is a matrix-vector product bound by the bytes of the weights,
-so 4-bit weights make it faster; EAGLE-3 pays off when verifying n tree tokens costs about as
-much as one token, and the int4 kernel unpacks the weights again for every few input rows, so
-its cost grows with n. Not a test: timings depend on the machine.
+Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, fp32 activations, `models/cpu_lowbit.py`),
+dense fp32, and dense bf16 where the CPU has native bf16. Forward times are medians of
+interleaved rounds after warm-up at `--context` tokens of cache (`bench.interleaved_medians`).
+Closeness: teacher-forced next-token agreement and KL(fp32 || format) over fp32's greedy answers
+to three prompts. Prints JSON with the CPU's vector flags.
 """
 from __future__ import annotations
 
@@ -23,7 +17,8 @@ import json
 import torch
 
 from eagle_engine.bench import interleaved_medians, target_forward
-from eagle_engine.config import EngineConfig, SamplingParams
+from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
+from eagle_engine.kernels.cpu_lowbit import cpu_flags
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
 
@@ -64,22 +59,20 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,4,8,16")
     args = ap.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    engines = {"bf16": EagleEngine.load(EngineConfig(drafts=())),
-               "int4": EagleEngine.load(EngineConfig(drafts=(), int4_weights=True))}
-    if engines["bf16"].target.dtype != torch.bfloat16:
-        raise SystemExit(f"needs a CPU with bf16 support (loaded {engines['bf16'].config.dtype})")
+    engines = {"q4": EagleEngine.load(EngineConfig(drafts=(), weights="q4")),
+               "fp32": EagleEngine.load(EngineConfig(drafts=(), weights="dense", dtype="fp32"))}
+    if native_bf16("cpu"):
+        engines["bf16"] = EagleEngine.load(EngineConfig(drafts=(), weights="dense",
+                                                        dtype="bf16"))
     sizes = [int(s) for s in args.sizes.split(",")]
     fns = {(label, n): target_forward(e, n, args.context)
            for label, e in engines.items() for n in sizes}
     ms = {k: v * 1000 for k, v in interleaved_medians(fns, args.repeats, 3).items()}
-    near = closeness(EagleEngine.load(EngineConfig(drafts=(), dtype="fp32", max_len=1024)),
-                     engines)
-    report = {"context": args.context, "vs_fp32": near,
+    near = closeness(engines["fp32"], {k: e for k, e in engines.items() if k != "fp32"})
+    report = {"cpu_flags": cpu_flags(), "context": args.context, "vs_fp32": near,
               "forward_ms": {f"{label} n={n}": round(v, 2) for (label, n), v in ms.items()},
               "vs_own_1_token": {f"{label} n={n}": round(v / ms[(label, 1)], 2)
-                                 for (label, n), v in ms.items()},
-              "int4_vs_bf16": {f"n={n}": round(ms[("int4", n)] / ms[("bf16", n)], 2)
-                               for n in sizes}}
+                                 for (label, n), v in ms.items()}}
     print(json.dumps(report, indent=1))
 
 

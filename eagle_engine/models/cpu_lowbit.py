@@ -1,0 +1,133 @@
+"""CPU target weights in the GGUF's own block formats: q4 (Q4_1) decoder linears, q8 (Q8_0) lm_head.
+
+The bundled target is a Q4_1 GGUF: every decoder linear is stored as codes q in 0..15 with a
+scale d and a minimum m per block of 32 inputs (w = d*q + m), and its tied embedding / lm_head
+as Q8_0 (int8 codes with a scale per 32 inputs). `quantize_q4` takes each block's minimum and
+maximum as m and m + 15d; a Q4_1 block always holds both ends (llama.cpp quantizes a block's
+minimum to 0 and its maximum to 15), so for the weights dequantized from such a GGUF the codes,
+scales and minimums come back exactly (tested on the bundled target); `quantize_q8` likewise
+recovers a Q8_0 block (scale = absmax / 127). Any other weight is quantized, lossily.
+
+`quantize_target(model)` swaps the target's linears for `LowBitLinear` modules whose weights
+live only as codes (a quarter of fp32's bytes for q4, about a third for q8) and are multiplied
+by the C++ kernels of `kernels/cpu_lowbit.py` with fp32 activations. Not here: the kernels, or
+choosing this format (`EngineConfig.weights`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels import cpu_lowbit
+from ..kernels.cpu_lowbit import GROUP
+
+
+def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> codes [N, K/2] uint8 (Q4_1 nibble order), dm [N, K/32, 2] float32."""
+    N, K = weight.shape
+    w = weight.float().view(N, K // GROUP, GROUP)
+    low, high = w.amin(-1), w.amax(-1)  # [N, K/32]
+    scale = (high - low) / 15
+    step = torch.where(scale > 0, scale, 1.0)[..., None]
+    q = ((w - low[..., None]) / step).round().clamp(0, 15).to(torch.uint8)  # [N, K/32, 32]
+    codes = q[..., :GROUP // 2] | (q[..., GROUP // 2:] << 4)  # [N, K/32, 16]
+    return codes.reshape(N, K // 2).contiguous(), torch.stack([scale, low], -1).contiguous()
+
+
+def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> codes [N, K] int8, d [N, K/32] float32 (w ~= d * codes)."""
+    N, K = weight.shape
+    w = weight.float().view(N, K // GROUP, GROUP)
+    d = w.abs().amax(-1) / 127  # [N, K/32]
+    step = torch.where(d > 0, d, 1.0)[..., None]
+    codes = (w / step).round().clamp(-127, 127).to(torch.int8)
+    return codes.view(N, K).contiguous(), d.contiguous()
+
+
+class LowBitLinear(nn.Module):
+    """A linear (optional bias) whose weight lives only as q4 or q8 block codes. fp32 only."""
+
+    def __init__(self, linear: nn.Module, kind: str) -> None:
+        super().__init__()
+        weight = linear.weight.detach()  # [out, in]
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % GROUP:
+            raise ValueError(f"{kind} weights need in_features % {GROUP} == 0, got "
+                             f"{self.out_features}x{self.in_features}")
+        self.kind = kind
+        codes, scales = quantize_q4(weight) if kind == "q4" else quantize_q8(weight)
+        self.register_buffer("codes", codes, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        bias = getattr(linear, "bias", None)
+        self.bias = None if bias is None else bias.detach().float()
+        self.matmul = cpu_lowbit.q4_linear if kind == "q4" else cpu_lowbit.q8_linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] float32 -> [..., out]. Inference only."""
+        out = self.matmul(x.reshape(-1, self.in_features).contiguous(), self.codes, self.scales)
+        if self.bias is not None:
+            out += self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, [out, in] float32 (the tests' reference)."""
+        if self.kind == "q4":
+            return cpu_lowbit.q4_dequantize(self.codes, self.scales)
+        return cpu_lowbit.q8_dequantize(self.codes, self.scales)
+
+
+def quantize_target(model: nn.Module) -> dict[str, int]:
+    """Swap the decoder linears of a float32 target for q4 codes and its lm_head for q8 codes
+    (the embedding lookup keeps its dense rows). Returns how many linears of each kind."""
+    if model.embed_tokens.weight.dtype != torch.float32:
+        raise ValueError(f"q4 weights run with float32 activations; the target is "
+                         f"{model.embed_tokens.weight.dtype}")
+    swaps = [(parent, name, child) for parent in model.layers.modules()
+             for name, child in parent.named_children() if type(child) is nn.Linear]
+    for parent, name, child in swaps:
+        setattr(parent, name, LowBitLinear(child, "q4"))
+    model.lm_head = LowBitLinear(model.lm_head, "q8")
+    if FusedDecoder.supports(model):
+        model.fused = FusedDecoder(model)
+    return {"q4": len(swaps), "q8": 1, "fused": model.fused is not None}
+
+
+class FusedDecoder:
+    """The target's decoder layers as one C++ call (`q4_decoder` in `kernels/cpu_lowbit.cpp`):
+    a one-sequence forward no longer dispatches ~25 small ops per layer from Python. It holds
+    references to the q4 layers' tensors; `TargetModel.forward` calls it for one sequence with
+    rows written from `start`, and runs its Python layers (the reference) otherwise."""
+
+    def __init__(self, model: nn.Module) -> None:
+        cfg = model.cfg
+        self.heads, self.kv_heads, self.eps = cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
+        self.weights: list[torch.Tensor] = []
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.weights += [layer.input_layernorm.weight.detach(), a.qkv_proj.codes,
+                             a.qkv_proj.scales, a.o_proj.codes, a.o_proj.scales,
+                             layer.post_attention_layernorm.weight.detach(),
+                             m.gate_up_proj.codes, m.gate_up_proj.scales, m.down_proj.codes,
+                             m.down_proj.scales]
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """q4 layers without biases, head_dim and intermediate size in whole vectors."""
+        cfg = model.cfg
+        return (cpu_lowbit.load().vectorized() and not cfg.attention_bias
+                and cfg.head_dim % 16 == 0 and cfg.head_dim <= 128
+                and cfg.intermediate_size % 16 == 0)
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 kv: torch.Tensor, start: int, mask: torch.Tensor | None,
+                 aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h [1, T, H]; cos/sin [T, head_dim]; kv = `KVCache.data` of a one-row cache; mask
+        [1, T, start+T] bool or None (every row visible) -> (h [1, T, H] after the last layer,
+        aux [1, T, n*H] or None: the inputs of `aux_layer_ids`, ascending)."""
+        bias = torch.empty(0)
+        if mask is not None:
+            bias = torch.zeros(mask.shape[1:]).masked_fill_(~mask[0], float("-inf"))  # [T, S]
+        ids = sorted(set(aux_layer_ids))
+        out, aux = cpu_lowbit.load().q4_decoder(h[0], cos, sin, kv, start, bias, self.weights,
+                                                self.heads, self.kv_heads, self.eps, ids)
+        return out[None], (aux[None] if ids else None)
