@@ -92,14 +92,14 @@ def save_head(model: Eagle3Draft, target_cfg: TargetConfig, directory: Path) -> 
 
 def tiny_engine(tmp: Path, heads: dict[str, dict] | None = None, dtype: str = "fp32",
                 max_len: int = 256, seed: int = 0, weight_scale: float = 3.0,
-                int4_weights: bool = False) -> EagleEngine:
+                weights: str = "auto", **target_overrides) -> EagleEngine:
     """Engine over a tiny random target with random heads (name -> random_head kwargs)."""
-    target_dir = make_hf_target(tmp / "target", seed, weight_scale)
+    target_dir = make_hf_target(tmp / "target", seed, weight_scale, **target_overrides)
     target = load_target(target_dir, torch.float32, "cpu", max_len)
     paths = []
     for name, kw in (heads or {"head": {}}).items():
         paths.append(str(save_head(random_head(target.cfg, **kw), target.cfg, tmp / name)))
     engine = EagleEngine.load(EngineConfig(target=str(target_dir), drafts=tuple(paths),
-                                           dtype=dtype, max_len=max_len,
-                                           int4_weights=int4_weights), ByteTokenizer())
+                                           dtype=dtype, max_len=max_len, weights=weights),
+                               ByteTokenizer())
     return engine

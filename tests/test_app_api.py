@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from eagle_engine.config import INT4_TREE, EngineConfig, TreeParams
+from eagle_engine.config import Q4_TREE, EngineConfig, TreeParams
 from eagle_engine.events import StepEvent
 from eagle_engine.ui_render import first_difference
 
@@ -51,18 +51,17 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
                      "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights"]
 
 
-@pytest.mark.skipif(EngineConfig().dtype != "bf16", reason="the app offers int4 weights only "
-                    "on a CPU with bf16")
-def test_int4_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
-    """"Target weights: int4" runs the 4-bit copy of the target: a real answer, with drafts
-    accepted, and the run record names the weights."""
+def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
+    """"Target weights" offers the dense copy beside the default q4 target: a real answer, with
+    drafts accepted, and the run record names the weights."""
+    dense = EngineConfig(weights="dense").weights_label
     client = app_server.client()
-    final = client.predict(PROMPT, **SMALL, weights="int4", num_draft_tokens=4, api_name="/chat")
+    final = client.predict(PROMPT, **SMALL, weights=dense, num_draft_tokens=8, api_name="/chat")
     run = final[OUT["run"]]
-    assert run["weights"] == "int4" and len(run["spans"]) >= 24 and run["stats"]["tau"] > 1
-    assert "int4 target" in final[OUT["status"]]
+    assert run["weights"] == dense and len(run["spans"]) >= 24 and run["stats"]["tau"] > 1
+    assert f"{dense} target" in final[OUT["status"]]
     default = client.predict(PROMPT, **SMALL, api_name="/chat")[OUT["run"]]
-    assert default["weights"] == "bf16"
+    assert default["weights"] == "q4"
 
 
 def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServer) -> None:
@@ -227,45 +226,45 @@ def test_engine_failure_is_readable_and_page_stays_usable(fake_app: Any) -> None
     assert len(final[OUT["chat"]]) == 2
 
 
-@pytest.mark.parametrize("int4", [False, True])
+@pytest.mark.parametrize("q4", [False, True])
 def test_tree_sliders_start_at_the_default_tree_of_the_weights(
-        fixed_events: list[StepEvent], int4: bool) -> None:
-    """bf16 targets start at `TreeParams()`; int4 targets at the 4-token tree their sweep chose
-    (8 tree tokens run slower than the int4 baseline)."""
+        fixed_events: list[StepEvent], q4: bool) -> None:
+    """Dense targets start at `TreeParams()`; q4 targets at the 4-token tree their sweep chose
+    (a q4 tree row costs more compute than a dense one)."""
     import app
 
     engine = FakeEngine(fixed_events)
-    engine.config = EngineConfig(target="fake", dtype="fp32", int4_weights=int4)
+    engine.config = EngineConfig(target="fake", dtype="fp32", weights="q4" if q4 else "dense")
     demo = app.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
                if b.elem_id in ("topk", "num-steps", "draft-tokens")}
-    tree = INT4_TREE if int4 else TreeParams()
+    tree = Q4_TREE if q4 else TreeParams()
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens}
-    assert tree.num_draft_tokens == (4 if int4 else 8)
+    assert tree.num_draft_tokens == (4 if q4 else 8)
 
 
 def test_target_weights_pick_the_engine_and_its_default_tree(
         fixed_events: list[StepEvent]) -> None:
-    """Two engines (bf16 and int4 weights): the run uses the chosen one and records it, the
+    """Two engines (bf16 and q4 weights): the run uses the chosen one and records it, the
     tree sliders move to its default tree, and unknown weights are refused by name."""
     import app
     from eagle_engine import ui_render as ui
 
     engines = [FakeEngine(fixed_events), FakeEngine(fixed_events[:1])]
     engines[0].config = EngineConfig(target="fake", dtype="bf16")
-    engines[1].config = EngineConfig(target="fake", dtype="bf16", int4_weights=True)
+    engines[1].config = EngineConfig(target="fake", weights="q4")
     pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
-    assert list(pg.engines) == ["bf16", "int4"]
-    assert [u["value"] for u in pg.weights_changed("int4")] == [4, 3, INT4_TREE.num_draft_tokens]
+    assert list(pg.engines) == ["bf16", "q4"]
+    assert [u["value"] for u in pg.weights_changed("q4")] == [4, 3, Q4_TREE.num_draft_tokens]
     assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8]
     records = {}
-    for weights in ("bf16", "int4"):
+    for weights in ("bf16", "q4"):
         settings = ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, weights)
         records[weights] = list(pg.run([], "hello", settings))[-1][app.OUTPUTS.index("run")]
-    assert records["int4"]["weights"] == "int4" and records["bf16"]["weights"] == "bf16"
-    assert records["int4"]["text"] != records["bf16"]["text"]  # the int4 fake stops early
-    assert "target weights 'fp16' are not loaded; loaded: ['bf16', 'int4']" in pg.problems(
+    assert records["q4"]["weights"] == "q4" and records["bf16"]["weights"] == "bf16"
+    assert records["q4"]["text"] != records["bf16"]["text"]  # the q4 fake stops early
+    assert "target weights 'fp16' are not loaded; loaded: ['bf16', 'q4']" in pg.problems(
         "hello", ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, "fp16"))
 
 

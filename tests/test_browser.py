@@ -178,22 +178,21 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
 
 
 def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None:
-    """On a CPU with bf16 the sidebar offers int4 target weights: choosing them moves the tree
-    sliders to the int4 default tree and the answer comes from the int4 target."""
-    from eagle_engine.config import INT4_TREE, EngineConfig, TreeParams
+    """The sidebar offers the dense copy beside the default q4 target: choosing it moves the
+    tree sliders to the dense default tree and the answer comes from the dense target."""
+    from eagle_engine.config import Q4_TREE, EngineConfig, TreeParams
 
-    if EngineConfig().dtype != "bf16":
-        pytest.skip("the app offers int4 weights only on a CPU with bf16")
+    dense = EngineConfig(weights="dense").weights_label
     page, ex = probe.page, expect()
     tokens = page.locator("#draft-tokens input[type=number]")
+    ex(tokens).to_have_value(str(Q4_TREE.num_draft_tokens))
+    page.locator("#weights label", has_text=dense).click()
     ex(tokens).to_have_value(str(TreeParams().num_draft_tokens))
-    page.locator("#weights label", has_text="int4").click()
-    ex(tokens).to_have_value(str(INT4_TREE.num_draft_tokens))
     ask(page, "Name a fruit.", 8)
     wait_done(page)
-    ex(page.locator("#status")).to_contain_text("int4 target")
-    page.locator("#weights label", has_text="bf16").click()
-    ex(tokens).to_have_value(str(TreeParams().num_draft_tokens))
+    ex(page.locator("#status")).to_contain_text(f"{dense} target")
+    page.locator("#weights label", has_text="q4").click()
+    ex(tokens).to_have_value(str(Q4_TREE.num_draft_tokens))
 
 
 def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> None:

@@ -162,8 +162,8 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     capsys.readouterr()
     assert "unknown modes ['fast']" in fails(["bench", "--prompts", str(prompts), "--modes",
                                               "ar,fast"], capsys)
-    assert "drop --int4-weights" in fails(["bench", "--prompts", str(prompts), "--int4-weights",
-                                           "--int4-trees", "4,3,4"], capsys)
+    assert "needs --weights dense" in fails(["bench", "--prompts", str(prompts), "--weights",
+                                             "q4", "--dtype", "bf16"], capsys)
     copy = shutil.copytree(ASSETS / "eagle3-aux-1layer", tmp_path / "my-head")
     assert main(["bench", "--prompts", str(prompts), "--limit", "1", "--first-turn-only",
                  "--max-new-tokens", "6", "--modes", "ar,eagle", "--dtype", "fp32",
@@ -178,22 +178,26 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
         ["bench", "--prompts", str(prompts), "--heads", f"{copy},{twin}"], capsys)
 
 
-def test_bench_int4_trees_run_beside_the_main_target(tmp_path: Path) -> None:
-    """`--int4-trees`: an int4-weight engine's baseline and EAGLE-3 run in the same rounds; its
-    greedy speculation is compared with its own baseline and its speedup with both baselines."""
+def test_bench_other_weights_run_beside_the_main_target(tmp_path: Path) -> None:
+    """`--other-weights-trees`: a dense fp32 copy of the q4 target runs its baseline and EAGLE-3
+    in the same rounds; its greedy speculation is compared with its own baseline and its
+    speedup with its own baseline too."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "turns": ["Name a color."]}) + "\n")
     out = tmp_path / "r.json"
     assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "6", "--dtype", "fp32",
-                 "--max-len", "512", "--int4-trees", "4,3,4;2,3,4", "--json", str(out)]) == 0
-    modes = json.loads(out.read_text())["modes"]
-    labels = ["eagle int4[eagle3-aux-1layer k4 s3 n4]", "eagle int4[eagle3-aux-1layer k2 s3 n4]"]
-    assert list(modes)[2:] == ["ar int4", *labels]
-    assert modes["ar int4"]["tokens"] == modes["ar"]["tokens"] == 6
+                 "--max-len", "512", "--other-weights-trees", "4,3,4;2,3,4",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    modes = report["modes"]
+    assert report["weights"] == "q4"
+    labels = ["eagle fp32[eagle3-aux-1layer k4 s3 n4]", "eagle fp32[eagle3-aux-1layer k2 s3 n4]"]
+    assert list(modes)[2:] == ["ar fp32", *labels]
+    assert modes["ar fp32"]["tokens"] == modes["ar"]["tokens"] == 6
     for label in labels:
         assert modes[label]["greedy_same_as_baseline"] == "1/1"
-        assert modes[label]["speedup_vs_ar_int4"] == pytest.approx(
-            modes[label]["tokens_per_s"] / modes["ar int4"]["tokens_per_s"], abs=2e-3)
+        assert modes[label]["speedup_vs_own_ar"] == pytest.approx(
+            modes[label]["tokens_per_s"] / modes["ar fp32"]["tokens_per_s"], abs=2e-3)
 
 
 def test_measure_costs_is_a_ratio_of_interleaved_medians(tmp_path: Path,
@@ -243,16 +247,16 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
 
 
 def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
-    """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for bf16
-    targets, 4 with --int4-weights; flags given always win."""
+    """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for dense
+    targets, 4 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
     from eagle_engine.cli import tree_params
-    from eagle_engine.config import INT4_TREE, EngineConfig
+    from eagle_engine.config import Q4_TREE, EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)
-    assert tree_params(args, EngineConfig()) == TreeParams()
-    assert tree_params(args, EngineConfig(int4_weights=True)) == INT4_TREE
-    assert INT4_TREE.num_draft_tokens == 4 and TreeParams().num_draft_tokens == 8
+    assert tree_params(args, EngineConfig(weights="dense")) == TreeParams()
+    assert tree_params(args, EngineConfig(weights="q4")) == Q4_TREE
+    assert Q4_TREE.num_draft_tokens == 4 and TreeParams().num_draft_tokens == 8
     args.num_draft_tokens, args.topk = 6, 2
-    assert tree_params(args, EngineConfig(int4_weights=True)) == TreeParams(2, 3, 6)
+    assert tree_params(args, EngineConfig(weights="q4")) == TreeParams(2, 3, 6)

@@ -45,27 +45,30 @@ def cpu_flags() -> tuple[str, ...]:
     return tuple(f for f in CPU_FLAGS if f in present)
 
 
-def build_dir() -> Path:
-    key = "|".join([torch.__version__, " ".join(FLAGS), " ".join(cpu_flags()),
+def build_dir(flags: list[str]) -> Path:
+    key = "|".join([torch.__version__, " ".join(flags), " ".join(cpu_flags()),
                     hashlib.sha256(SOURCE.read_bytes()).hexdigest()])
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @cache
-def load() -> ModuleType:
-    """The compiled module (built on the first call on this machine, ~1 min on 2 cores)."""
+def load(avx2_only: bool = False) -> ModuleType:
+    """The compiled module (built on the first call on this machine, ~1 min on 2 cores).
+    `avx2_only` builds the AVX2 kernels even on an AVX-512 CPU (the tests check both)."""
     if not compiler_available():
         raise ConfigError("the q4 CPU weights need a C++ compiler (g++) to build their kernel "
                           "at first use; install g++ or choose --weights dense")
     from torch.utils.cpp_extension import load as load_extension
 
-    out = build_dir()
+    flags = FLAGS + (["-mno-avx512f"] if avx2_only else [])
+    out = build_dir(flags)
     out.mkdir(parents=True, exist_ok=True)
     fresh = not any(out.glob("*.so"))
     t0 = time.perf_counter()
     if fresh:
         log.info("building the CPU low-bit kernels in %s (first start only)", out)
-    module = load_extension("eagle_cpu_lowbit", [str(SOURCE)], extra_cflags=FLAGS,
+    name = "eagle_cpu_lowbit_avx2" if avx2_only else "eagle_cpu_lowbit"
+    module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
                             extra_ldflags=["-fopenmp"], build_directory=str(out), verbose=False)
     if fresh:
         log.info("built the CPU low-bit kernels in %.1fs", time.perf_counter() - t0)

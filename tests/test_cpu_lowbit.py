@@ -1,0 +1,183 @@
+"""q4 target weights on CPU (`kernels/cpu_lowbit.*`, `models/cpu_lowbit.py`, `EngineConfig.weights`).
+
+The kernels equal a plain product with the dequantized weight for 1 to 16 rows and odd shapes,
+in the machine's own build and in the AVX2 build; a row computed with others equals that row
+computed alone, bit for bit. Quantizing a weight on a Q4_1 grid gives back its codes, scales and
+minimums; on the bundled target every decoder linear and the lm_head come back exactly. The
+fused decoder equals the Python layers (its reference); an engine with q4 weights keeps greedy
+speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
+every commit; bad input is refused with the values named.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from eagle_engine.config import Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.kernels import cpu_lowbit
+from eagle_engine.kernels.cpu_lowbit import GROUP
+from eagle_engine.kv_cache import causal_mask
+from eagle_engine.models.cpu_lowbit import LowBitLinear, quantize_q4, quantize_q8
+from eagle_engine.models.loader import load_target
+from tests.helpers import tiny_engine
+
+BUILDS = [False, True]  # the machine's own build, the AVX2 build
+
+
+def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """A weight on a Q4_1 grid, as llama.cpp writes it: every block of 32 inputs holds code 0
+    (its minimum) and code 15 (its maximum)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out_f, in_f // GROUP, GROUP), generator=g, dtype=torch.int32)
+    codes[..., 0], codes[..., 1] = 0, 15
+    scale = torch.rand(out_f, in_f // GROUP, generator=g) * 0.01 + 1e-3
+    low = torch.randn(out_f, in_f // GROUP, generator=g) * 0.05
+    weight = codes * scale[..., None] + low[..., None]
+    return weight.view(out_f, in_f), codes.view(out_f, in_f), scale, low
+
+
+def test_quantize_recovers_a_q4_1_grid() -> None:
+    weight, codes, scale, low = q4_1_weight(48, 96, seed=0)
+    packed, dm = quantize_q4(weight)
+    torch.testing.assert_close(dm[..., 0], scale, rtol=1e-5, atol=0)
+    assert torch.equal(dm[..., 1], low)
+    unpacked = torch.cat([packed.view(48, 3, 16) & 15, packed.view(48, 3, 16) >> 4], -1)
+    assert torch.equal(unpacked.view(48, 96).int(), codes)
+    torch.testing.assert_close(cpu_lowbit.q4_dequantize(packed, dm), weight, rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("avx2_only", BUILDS)
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("n, k", [(48, 64), (37, 96), (3, 32), (130, 160)])
+def test_kernels_equal_the_dequantized_product(avx2_only: bool, kind: str, n: int, k: int
+                                               ) -> None:
+    g = torch.Generator().manual_seed(n * k)
+    weight = torch.randn(n, k, generator=g)
+    codes, scales = quantize_q4(weight) if kind == "q4" else quantize_q8(weight)
+    kernel = getattr(cpu_lowbit.load(avx2_only), f"{kind}_linear")
+    reference = getattr(cpu_lowbit, f"{kind}_linear_reference")
+    x = torch.randn(16, k, generator=g)
+    for m in range(1, 17):
+        got = kernel(x[:m].contiguous(), codes, scales)
+        torch.testing.assert_close(got, reference(x[:m], codes, scales), rtol=1e-5, atol=1e-5)
+    together = kernel(x, codes, scales)
+    alone = torch.cat([kernel(x[i:i + 1].contiguous(), codes, scales) for i in range(16)])
+    assert torch.equal(together, alone)  # a row's bits do not depend on the other rows
+
+
+def test_kernels_refuse_bad_input_naming_it() -> None:
+    codes, dm = quantize_q4(torch.randn(16, 64))
+    with pytest.raises(RuntimeError, match="contiguous 2-D float32"):
+        cpu_lowbit.q4_linear(torch.randn(2, 64, dtype=torch.float64), codes, dm)
+    with pytest.raises(RuntimeError, match="codes must be contiguous"):
+        cpu_lowbit.q4_linear(torch.randn(2, 96), codes, dm)
+    with pytest.raises(ValueError, match="48x40"):
+        LowBitLinear(nn.Linear(40, 48), "q4")
+    with pytest.raises(ConfigError, match="CPU path; device is 'cuda'"):
+        EngineConfig(device="cuda", weights="q4")
+    with pytest.raises(ConfigError, match="dtype 'bf16' needs --weights dense"):
+        EngineConfig(weights="q4", dtype="bf16")
+    with pytest.raises(ConfigError, match="unknown weights 'int3'"):
+        EngineConfig(weights="int3")
+
+
+def test_auto_weights_are_q4_for_gguf_targets_on_cpu() -> None:
+    assert EngineConfig().weights == "q4" and EngineConfig().dtype == "fp32"
+    assert EngineConfig(target="some/model.gguf").weights == "q4"
+    assert EngineConfig(target="owner/name").weights == "dense"
+    assert EngineConfig(weights="dense").weights_label == EngineConfig(weights="dense").dtype
+
+
+def test_bundled_target_codes_come_back_exactly(bundled_dir: Path) -> None:
+    """The engine's fp32 copy of the Q4_1 GGUF: every decoder linear is on a 4-bit grid and the
+    tied lm_head on an 8-bit one, so q4 / q8 codes rebuild the weights."""
+    target = load_target(bundled_dir, torch.float32, "cpu", 64)
+    linears = [m for m in target.layers.modules() if type(m) is nn.Linear]
+    assert len(linears) == 120  # 30 layers x (qkv, o, gate_up, down)
+    for lin in linears:
+        w = lin.weight.detach()
+        torch.testing.assert_close(LowBitLinear(lin, "q4").dequantized(), w, rtol=0, atol=2e-7)
+    w = target.lm_head.weight.detach()
+    torch.testing.assert_close(LowBitLinear(target.lm_head, "q8").dequantized(), w,
+                               rtol=2e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("T, start", [(1, 0), (7, 0), (1, 9), (5, 9)])
+def test_fused_decoder_equals_the_python_layers(tmp_path: Path, T: int, start: int) -> None:
+    """The C++ layer stack against the Python layers with the same q4 linears: logits, aux
+    hidden states and every KV row, under a causal mask and under a tree-like mask."""
+    engine = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96)
+    target = engine.target
+    assert target.fused is not None
+    g = torch.Generator().manual_seed(T + start)
+    ids = torch.randint(3, 96, (1, start + T), generator=g)
+    mask = causal_mask(T, start, "cpu")
+    if T > 2:
+        mask[0, 2, start + 1] = False  # a tree row that does not see its elder sibling
+    outs, caches = [], []
+    for fused in (target.fused, None):
+        target.fused, cache = fused, target.new_cache(max_len=32)
+        if start:
+            target(ids[:, :start], torch.arange(start)[None], cache, 0, causal_mask(start, 0, "cpu"))
+        outs.append(target(ids[:, start:], torch.arange(start, start + T)[None], cache, start,
+                           mask, (0, 3, 8)))
+        caches.append(cache.data)
+    torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[0].aux_hidden, outs[1].aux_hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[0], caches[1], rtol=1e-4, atol=1e-5)
+
+
+def test_engine_q4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
+    engine = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96)
+    assert isinstance(engine.target.lm_head, LowBitLinear) and engine.target.fused is not None
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    ids = torch.randint(3, 96, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    base = engine.generate(ids, params).token_ids
+    for tree in (TreeParams(4, 3, 8), TreeParams(2, 4, 6)):
+        assert engine.generate(ids, params, tree, "head").token_ids == base
+    default = engine.generate(ids, params, None, "head", keep_events=True)  # config's tree
+    assert default.token_ids == base
+    assert {len(ev.tree) for ev in default.events if ev.tree} == {Q4_TREE.num_draft_tokens}
+
+
+def test_q4_caches_after_every_commit_equal_a_fresh_prefill(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's cache invariant on a q4 target through the fused decoder: with an oracle
+    draft (`test_loop.Oracle`, each level right with probability 0.7) accept lengths vary, the
+    output equals the greedy baseline, and after every commit both caches equal a fresh
+    prefill."""
+    from tests.test_loop import GREEDY, PROMPTS, Oracle, step_lengths
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, weights="q4", hidden_size=64,
+                         intermediate_size=96)
+    base = engine.generate(PROMPTS[0], GREEDY).token_ids
+    oracle = Oracle(engine, PROMPTS[0], accuracy=0.7, seed=0).install(monkeypatch)
+    result = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 10), "head", keep_events=True)
+    lengths = step_lengths(result)
+    assert result.token_ids == base
+    assert oracle.checks == len(lengths) and len(set(lengths)) >= 2 and max(lengths) >= 3
+
+
+def test_bundled_q4_greedy_speculative_equals_baseline() -> None:
+    """On the real target, rows of a tree verify give the bits of one-token decodes, so the
+    q4 engine's greedy EAGLE-3 answer is its greedy baseline answer, token for token."""
+    from eagle_engine.engine import EagleEngine
+
+    engine = EagleEngine.load(EngineConfig(drafts=("eagle3-aux-1layer",), max_len=512))
+    assert engine.config.weights == "q4"
+    ids = engine.encode("Write a haiku about the sea.")
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    base = engine.generate(ids, params).token_ids
+    for tree in (Q4_TREE, TreeParams(4, 3, 8)):
+        assert engine.generate(ids, params, tree, "eagle3-aux-1layer").token_ids == base
+
+
+def test_app_status_names_the_target_weights() -> None:
+    from eagle_engine.ui_render import engine_status
+
+    configs = [EngineConfig(), EngineConfig(weights="dense", dtype="bf16")]
+    assert [c.weights_label for c in configs] == ["q4", "bf16"]
+    assert "**target weights** q4 / bf16 ·" in engine_status(configs[0], 3, ["q4", "bf16"])
