@@ -63,16 +63,17 @@ def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
-def resolve_weights(weights: str, target: str, device: str) -> str:
+def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     """'auto' -> 'q4' for a GGUF target (the bundled one or a .gguf file) on a CPU that can
-    build the q4 kernels, else 'dense'. q4 keeps the GGUF's 4-bit codes (exact for Q4_1) and
+    build the q4 kernels, unless `dtype` asks for bf16 or fp16; else 'dense'. q4 keeps the GGUF's 4-bit codes (exact for Q4_1) and
     decodes ~2.5x faster than bf16 and ~4x faster than fp32 on the 2-core CPUs (README)."""
     if weights not in WEIGHTS:
         raise ConfigError(f"unknown weights {weights!r}; choose one of {list(WEIGHTS)}")
     cpu = torch.device(device).type == "cpu"
     if weights == "auto":
         gguf = target == "bundled" or target.endswith(".gguf")
-        return "q4" if cpu and gguf and compiler_available() else "dense"
+        fp32 = dtype in ("auto", "fp32")
+        return "q4" if cpu and gguf and fp32 and compiler_available() else "dense"
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
     return weights
@@ -345,7 +346,7 @@ class EngineConfig:
     weights: str = "auto"
 
     def __post_init__(self) -> None:
-        weights = resolve_weights(self.weights, self.target, self.device)
+        weights = resolve_weights(self.weights, self.target, self.device, self.dtype)
         object.__setattr__(self, "weights", weights)
         if weights == "q4" and self.dtype not in ("auto", "fp32"):
             raise ConfigError(f"q4 target weights run with fp32 activations; dtype {self.dtype!r} "

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from eagle_engine import bench
 from eagle_engine.cli import main
-from eagle_engine.config import TargetConfig, TreeParams
+from eagle_engine.config import EngineConfig, TargetConfig, TreeParams
 from eagle_engine.engine import ASSETS
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
@@ -143,7 +143,7 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32",
                  "--max-len", "512", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    t = TreeParams()
+    t = EngineConfig(dtype="fp32").default_tree
     ar = report["modes"]["ar"]
     label = f"eagle[eagle3-aux-1layer k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]"
     eagle = report["modes"][label]

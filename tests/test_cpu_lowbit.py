@@ -88,6 +88,7 @@ def test_auto_weights_are_q4_for_gguf_targets_on_cpu() -> None:
     assert EngineConfig().weights == "q4" and EngineConfig().dtype == "fp32"
     assert EngineConfig(target="some/model.gguf").weights == "q4"
     assert EngineConfig(target="owner/name").weights == "dense"
+    assert EngineConfig(dtype="bf16").weights == "dense"  # an explicit dtype asks for dense
     assert EngineConfig(weights="dense").weights_label == EngineConfig(weights="dense").dtype
 
 

@@ -237,12 +237,14 @@ def test_bad_engine_config(kwargs: dict, named: str) -> None:
 def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch: pytest.MonkeyPatch,
                                                       avx512_bf16: bool, amx: bool,
                                                       cpu_dtype: str) -> None:
-    """`dtype="auto"` (the default) resolves on construction: fp32 on a CPU without AVX512-BF16
-    or AMX (bf16 products of several tokens are emulated there), bf16 on other CPUs and CUDA;
-    an explicit dtype is kept."""
+    """`dtype="auto"` (the default) resolves on construction for dense weights: fp32 on a CPU
+    without AVX512-BF16 or AMX (bf16 products of several tokens are emulated there), bf16 on
+    other CPUs and CUDA; q4 weights (the CPU default for GGUF targets) run fp32; an explicit
+    dtype is kept."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert EngineConfig().dtype == cpu_dtype
+    assert EngineConfig(weights="dense").dtype == cpu_dtype
+    assert EngineConfig(weights="q4").dtype == "fp32"
     assert EngineConfig(device="cuda").dtype == "bf16"
     assert EngineConfig(dtype="bf16").dtype == "bf16" and EngineConfig(dtype="fp32").dtype == "fp32"
 
