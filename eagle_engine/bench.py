@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .cli import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
+from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
 from .config import ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
 
@@ -204,7 +204,7 @@ def mode_runs(engine, suffix: str, modes: list[str], heads: list[str],  # noqa: 
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from .cli import pick_head
+    from .cli_args import pick_head
     from .engine import EagleEngine, head_name
 
     rows = load_rows(args.prompts, args.limit)

@@ -12,77 +12,9 @@ import logging
 import sys
 import time
 
-from .config import Q4_TREE, WEIGHTS, ConfigError, EngineConfig, SamplingParams, TreeParams
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="bundled", help="bundled | HF directory | .gguf | hub id")
-    p.add_argument("--draft", default="bundled",
-                   help="bundled (default head) | bundled head name | directory | hub id")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
-                   help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-len", type=int, default=4096, help="context window to allocate")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="allow loading pytorch_model.bin heads (unpickles)")
-    p.add_argument("--no-cuda-graphs", action="store_true")
-    p.add_argument("--no-packed-weights", action="store_true",
-                   help="CPU: use plain F.linear instead of oneDNN-packed weights")
-    p.add_argument("--weights", default="auto", choices=WEIGHTS,
-                   help="target weights: q4 (CPU: the GGUF's 4-bit codes, fp32 activations), "
-                   "dense (in --dtype); auto: q4 for a GGUF target on CPU, else dense")
-
-
-def add_tree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topk", type=int, default=None,
-                   help=f"default {TreeParams().topk}")
-    p.add_argument("--num-steps", type=int, default=None,
-                   help=f"default {TreeParams().num_steps}")
-    p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
-                   f"{Q4_TREE.num_draft_tokens}")
-
-
-def tree_params(args: argparse.Namespace, config: EngineConfig) -> TreeParams:
-    """The tree flags given, the rest from `config.default_tree`."""
-    base = config.default_tree
-    return TreeParams(base.topk if args.topk is None else args.topk,
-                      base.num_steps if args.num_steps is None else args.num_steps,
-                      base.num_draft_tokens if args.num_draft_tokens is None
-                      else args.num_draft_tokens)
-
-
-def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:
-    drafts: tuple[str, ...] = ("bundled",)
-    if need_draft and args.draft not in ("bundled",):
-        drafts = (args.draft,)
-    return EngineConfig(target=args.target, drafts=drafts if need_draft else (), dtype=args.dtype,
-                        device=args.device, max_len=args.max_len,
-                        allow_pickle=args.allow_pickle, cuda_graphs=not args.no_cuda_graphs,
-                        packed_weights=not args.no_packed_weights,
-                        weights=args.weights)
-
-
-def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily
-    """'bundled' -> the default bundled head; a bundled name, path or hub id -> the head loaded
-    from it (named as `EagleEngine.load` names it)."""
-    from .engine import DEFAULT_HEAD, head_name
-
-    if not engine.heads:
-        raise ConfigError("no draft head is loaded; pass --draft DIR or use --no-spec")
-    if name == "bundled":
-        return DEFAULT_HEAD if DEFAULT_HEAD in engine.heads else next(iter(engine.heads))
-    key = head_name(name)
-    if key not in engine.heads:
-        raise ConfigError(f"draft head {name!r} is not loaded; loaded: {sorted(engine.heads)}")
-    return key
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+from .cli_args import (add_engine_args, add_sampling_args, add_tree_args, engine_config, pick_head,
+                       tree_params)
+from .config import ConfigError, SamplingParams
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

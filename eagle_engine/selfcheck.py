@@ -344,7 +344,7 @@ def syncs_per_iteration(engine: EagleEngine, head: str, prompt_ids: list[int],
 
 def model_rows(args: argparse.Namespace) -> list[Row]:
     """Parity, syncs and throughput on the requested target and head."""
-    from .cli import pick_head, tree_params
+    from .cli_args import pick_head, tree_params
 
     config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
                           device="cuda", max_len=args.max_len)
@@ -409,7 +409,7 @@ def cmd_selfcheck(args: argparse.Namespace) -> None:
 
 
 def add_selfcheck_parser(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_tree_args
+    from .cli_args import add_tree_args
 
     p = sub.add_parser("selfcheck", help="GPU path checks and eager-vs-graphs tokens/s",
                        description=f"Needs CUDA (otherwise lists what it skips). Documented run: "

@@ -234,7 +234,7 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
     (not its last path part), a bundled name by itself; a head that is not loaded is an error."""
     from types import SimpleNamespace
 
-    from eagle_engine.cli import pick_head
+    from eagle_engine.cli_args import pick_head
     from eagle_engine.config import ConfigError
 
     (tmp_path / "my-head").mkdir()
@@ -251,7 +251,7 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     targets, 4 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
-    from eagle_engine.cli import tree_params
+    from eagle_engine.cli_args import tree_params
     from eagle_engine.config import Q4_TREE, EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)

@@ -59,10 +59,11 @@ def test_kernels_equal_the_dequantized_product(avx2_only: bool, kind: str, n: in
     codes, scales = quantize_q4(weight) if kind == "q4" else quantize_q8(weight)
     kernel = getattr(cpu_lowbit.load(avx2_only), f"{kind}_linear")
     reference = getattr(cpu_lowbit, f"{kind}_linear_reference")
-    x = torch.randn(16, k, generator=g)
-    for m in range(1, 17):
+    x = torch.randn(40, k, generator=g)
+    for m in [*range(1, 17), 31, 32, 40]:  # from 32 rows on: one dense GEMM
         got = kernel(x[:m].contiguous(), codes, scales)
         torch.testing.assert_close(got, reference(x[:m], codes, scales), rtol=1e-5, atol=1e-5)
+    x = x[:16].contiguous()
     together = kernel(x, codes, scales)
     alone = torch.cat([kernel(x[i:i + 1].contiguous(), codes, scales) for i in range(16)])
     assert torch.equal(together, alone)  # a row's bits do not depend on the other rows

@@ -5,11 +5,12 @@
 //       high nibble, as in a Q4_1 block) and dm [N, K/32, 2] float (scale d, minimum m):
 //       w = d * q + m.
 //   q8: codes [N, K] int8 and d [N, K/32] float: w = d * q (a Q8_0 block).
-// Each weight block is unpacked once per tile of up to 4 activation rows (register-blocked
-// over rows and output columns), so the cost of a call grows with the rows far slower than
-// unpacking per row would. Every output is summed in the same order whatever the number of
+// Each weight block is unpacked once per tile of up to 8 (AVX-512) or 4 (AVX2) activation rows
+// (register-blocked over rows and output columns), so the cost of a call grows with the rows far
+// slower than unpacking per row would; from 32 rows on (a prefill) the weight is unpacked once
+// into a dense matrix for one GEMM. Every output is summed in the same order whatever the number of
 // rows or the tile it falls in: row r of a call equals that row computed alone, bit for bit
-// (a tree verify of N tokens gives the same numbers as N one-token decodes). The columns are
+// (a tree verify of N < 32 tokens gives the same numbers as N one-token decodes). The columns are
 // split over ATen's threads. Without AVX2 + FMA a scalar loop computes the same products
 // (in another summation order).
 #include <torch/extension.h>
@@ -198,6 +199,31 @@ void matmul(const W& w, const float* x, int64_t M, int64_t K, float* y, int64_t 
   });
 }
 
+// Many rows (a prefill): unpack the weight once into a dense float matrix and run one GEMM.
+constexpr int64_t kDenseRows = 32;
+
+template <class W>
+torch::Tensor product(const W& w, const torch::Tensor& x, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (M >= kDenseRows) {
+    auto dense = torch::empty({N, K}, x.options());
+    float* p = dense.data_ptr<float>();
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t b = 0; b < w.blocks; ++b) {
+          F v[Simd::kVecs];
+          w.unpack(n, b, v);
+          for (int j = 0; j < Simd::kVecs; ++j)
+            Simd::store(p + n * K + b * kGroup + j * Simd::kLanes, v[j]);
+        }
+    });
+    return at::mm(x, dense.t());
+  }
+  auto y = torch::empty({M, N}, x.options());
+  matmul(w, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
+  return y;
+}
+
 // exp(x) per lane (Cephes-style range reduction and a degree-6 polynomial, ~2 ulp); exactly 0
 // below -87 (so -inf scores of masked keys add nothing at all).
 LOWBIT_INLINE F vexp(F x) {
@@ -315,11 +341,8 @@ void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
 }
 
 torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& dm) {
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  matmul(Q4Blocks{codes.data_ptr<uint8_t>(), dm.data_ptr<float>(), K / kGroup},
-         x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-  return y;
+  return product(Q4Blocks{codes.data_ptr<uint8_t>(), dm.data_ptr<float>(), x.size(1) / kGroup},
+                 x, codes.size(0));
 }
 #else
 template <class Weight>
@@ -354,11 +377,10 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor dm) 
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
   check(x, codes, dm, K / 2, 2 * (K / kGroup));
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "q4 codes must be uint8");
-  auto y = torch::empty({M, N}, x.options());
 #ifdef LOWBIT_SIMD
-  matmul(Q4Blocks{codes.data_ptr<uint8_t>(), dm.data_ptr<float>(), K / kGroup},
-         x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
+  return q4_matmul(x, codes, dm);
 #else
+  auto y = torch::empty({M, N}, x.options());
   const uint8_t* q = codes.data_ptr<uint8_t>();
   const float* s = dm.data_ptr<float>();
   scalar_matmul([=](int64_t n, int64_t k) {
@@ -366,26 +388,25 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor dm) 
     const uint8_t byte = q[b * 16 + (j % 16)];
     return s[2 * b] * float(j < 16 ? byte & 15 : byte >> 4) + s[2 * b + 1];
   }, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-#endif
   return y;
+#endif
 }
 
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor d) {
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
   check(x, codes, d, K, K / kGroup);
   TORCH_CHECK(codes.scalar_type() == torch::kInt8, "q8 codes must be int8");
-  auto y = torch::empty({M, N}, x.options());
 #ifdef LOWBIT_SIMD
-  matmul(Q8Blocks{codes.data_ptr<int8_t>(), d.data_ptr<float>(), K / kGroup},
-         x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
+  return product(Q8Blocks{codes.data_ptr<int8_t>(), d.data_ptr<float>(), K / kGroup}, x, N);
 #else
+  auto y = torch::empty({M, N}, x.options());
   const int8_t* q = codes.data_ptr<int8_t>();
   const float* s = d.data_ptr<float>();
   scalar_matmul([=](int64_t n, int64_t k) {
     return s[n * (K / kGroup) + k / kGroup] * float(q[n * K + k]);
   }, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-#endif
   return y;
+#endif
 }
 
 

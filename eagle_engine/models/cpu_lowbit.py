@@ -95,8 +95,8 @@ def quantize_target(model: nn.Module) -> dict[str, int]:
 class FusedDecoder:
     """The target's decoder layers as one C++ call (`q4_decoder` in `kernels/cpu_lowbit.cpp`):
     a one-sequence forward no longer dispatches ~25 small ops per layer from Python. It holds
-    references to the q4 layers' tensors; `TargetModel.forward` calls it for one sequence with
-    rows written from `start`, and runs its Python layers (the reference) otherwise."""
+    references to the q4 layers' tensors; `TargetModel.forward` calls it when it `applies` and
+    runs its Python layers (the reference) otherwise."""
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.cfg
@@ -117,6 +117,12 @@ class FusedDecoder:
         return (cpu_lowbit.load().vectorized() and not cfg.attention_bias
                 and cfg.head_dim % 16 == 0 and cfg.head_dim <= 128
                 and cfg.intermediate_size % 16 == 0)
+
+    MAX_ROWS = 32  # longer inputs (prefills) run the Python layers: SDPA attention, GEMMs
+
+    def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
+        """One sequence of fewer than `MAX_ROWS` tokens, rows written from `start`."""
+        return ids.shape[0] == 1 and ids.shape[1] < self.MAX_ROWS and cache_rows is None
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, start: int, mask: torch.Tensor | None,

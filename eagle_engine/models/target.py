@@ -81,7 +81,7 @@ class TargetModel(nn.Module):
         `Attention.forward`; `mask` is then [B, T, max_len])."""
         h = self.embed_tokens(ids)  # [B, T, H]
         rope = self.rope.table(positions, h.dtype)
-        if self.fused is not None and ids.shape[0] == 1 and cache_rows is None:
+        if self.fused is not None and self.fused.applies(ids, cache_rows):
             h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
                                 aux_layer_ids)
         else:
