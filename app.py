@@ -391,8 +391,7 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
              args.heads_dir)
     t0 = time.perf_counter()
     engines = [EagleEngine.load(configs[0])]
-    engines += [EagleEngine.load(c, heads_of=engines[0] if c.dtype == config.dtype else None)
-                for c in configs[1:]]
+    engines += [EagleEngine.load(c, tokenizer=engines[0].tokenizer) for c in configs[1:]]
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engines[0].head_info())

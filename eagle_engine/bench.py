@@ -176,7 +176,7 @@ def measure_costs(engine, head: str | None, context: int = 300, repeats: int = 2
 
         def draft_fwd(k: int) -> None:
             ids = torch.zeros(1, k, dtype=torch.long, device=dev)
-            hid = torch.zeros(1, k, model.cfg.hidden_size, dtype=model.lm_head.weight.dtype,
+            hid = torch.zeros(1, k, model.cfg.hidden_size, dtype=model.norm.weight.dtype,
                               device=dev)
             pos = torch.full((1, k), context, device=dev)
             model(ids, hid, pos, dcache, context, None, from_target=False)

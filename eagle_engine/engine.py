@@ -24,7 +24,7 @@ from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import causal_mask
-from .models.cpu_lowbit import quantize_target
+from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
 from .models.draft_io import load_draft
 from .models.draft_model import Eagle3Draft
@@ -99,28 +99,21 @@ class EagleEngine:
         self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
     @classmethod
-    def load(cls, config: EngineConfig, tokenizer: object | None = None,
-             heads_of: EagleEngine | None = None) -> EagleEngine:
-        """`heads_of`: reuse that engine's heads and tokenizer instead of loading them: for a
-        second copy of the same target with other weights in the same dtype, whose embedding
-        and lm_head, which the heads read, hold the same values."""
+    def load(cls, config: EngineConfig, tokenizer: object | None = None) -> EagleEngine:
+        """Target, tokenizer and heads for `config`. With q4 weights the target's linears
+        become q4 / q8 codes and the heads' linears q8 codes (`models/cpu_lowbit.py`)."""
         t0 = time.perf_counter()
         directory = resolve_target(config.target)
         t1 = time.perf_counter()
         dtype = parse_dtype(config.dtype)
         target = load_target(directory, dtype, config.device, config.max_len)
-        if heads_of is not None and heads_of.config.dtype != config.dtype:
-            raise ConfigError(f"heads_of holds {heads_of.config.dtype} heads; this target is "
-                              f"{config.dtype}")
-        if heads_of is not None:
-            tokenizer, heads = heads_of.tokenizer, heads_of.heads
-        else:
-            tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
-            heads = load_heads(config, target, dtype)
+        tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
+        heads = load_heads(config, target, dtype)
         if config.weights == "q4":
-            log.info("q4 target weights: %s", quantize_target(target))
+            log.info("q4 target weights: %s; heads' linears q8: %s", quantize_target(target),
+                     [quantize_head(h) for h in heads.values()])
         if config.packed_weights and can_pack(config.device, dtype):
-            for model in (target, *heads.values()):  # shared heads are packed already
+            for model in (target, *heads.values()):
                 pack_linears(model)
         engine = cls(target, tokenizer, heads, config)
         engine.load_times = {"resolve_s": t1 - t0, "load_s": time.perf_counter() - t1}

@@ -32,7 +32,7 @@ class EagleDraftInput:
 
     @classmethod
     def dtype_for(cls, draft_module: torch.nn.Module) -> torch.dtype:
-        return draft_module.lm_head.weight.dtype
+        return draft_module.norm.weight.dtype
 
     @classmethod
     def idle(cls, draft: DraftConfig, dtype: torch.dtype, topk: int,

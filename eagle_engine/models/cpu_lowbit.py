@@ -10,8 +10,9 @@ recovers a Q8_0 block (scale = absmax / 127). Any other weight is quantized, los
 
 `quantize_target(model)` swaps the target's linears for `LowBitLinear` modules whose weights
 live only as codes (a quarter of fp32's bytes for q4, about a third for q8) and are multiplied
-by the C++ kernels of `kernels/cpu_lowbit.py` with fp32 activations. Not here: the kernels, or
-choosing this format (`EngineConfig.weights`).
+by the C++ kernels of `kernels/cpu_lowbit.py` with fp32 activations; `quantize_head` does the
+same to a head's linears with q8 codes. Not here: the kernels, or choosing this format
+(`EngineConfig.weights`).
 """
 from __future__ import annotations
 
@@ -90,6 +91,19 @@ def quantize_target(model: nn.Module) -> dict[str, int]:
     if FusedDecoder.supports(model):
         model.fused = FusedDecoder(model)
     return {"q4": len(swaps), "q8": 1, "fused": model.fused is not None}
+
+
+def quantize_head(model: nn.Module) -> int:
+    """Swap an EAGLE-3 head's float32 linears for q8 codes (near-lossless; a draft step then
+    reads a quarter of the bytes). The embedding it shares with the target stays. Returns how
+    many linears were swapped."""
+    swaps = [(parent, name, child) for parent in model.modules()
+             for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.in_features % GROUP == 0
+             and child.weight.dtype == torch.float32]
+    for parent, name, child in swaps:
+        setattr(parent, name, LowBitLinear(child, "q8"))
+    return len(swaps)
 
 
 class FusedDecoder:

@@ -79,7 +79,7 @@ class Eagle3Draft(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.cfg
-        w = self.lm_head.weight
+        w = self.norm.weight  # float even when the linears hold codes
         return KVCache(c.num_layers, 1, c.num_kv_heads, max_len or self.max_len, c.head_dim,
                        w.dtype, w.device)
 
