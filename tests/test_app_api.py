@@ -256,7 +256,8 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
     engines[1].config = EngineConfig(target="fake", weights="q4")
     pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
     assert list(pg.engines) == ["bf16", "q4"]
-    assert [u["value"] for u in pg.weights_changed("q4")] == [4, 3, Q4_TREE.num_draft_tokens]
+    assert [u["value"] for u in pg.weights_changed("q4")] == [Q4_TREE.topk, Q4_TREE.num_steps,
+                                                          Q4_TREE.num_draft_tokens]
     assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8]
     records = {}
     for weights in ("bf16", "q4"):

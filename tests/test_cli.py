@@ -248,7 +248,7 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
 
 def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for dense
-    targets, 4 with q4 weights; flags given always win."""
+    targets, 3 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
     from eagle_engine.cli_args import tree_params
@@ -257,6 +257,6 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)
     assert tree_params(args, EngineConfig(weights="dense")) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4")) == Q4_TREE
-    assert Q4_TREE.num_draft_tokens == 4 and TreeParams().num_draft_tokens == 8
+    assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
     args.num_draft_tokens, args.topk = 6, 2
-    assert tree_params(args, EngineConfig(weights="q4")) == TreeParams(2, 3, 6)
+    assert tree_params(args, EngineConfig(weights="q4")) == TreeParams(2, 2, 6)
