@@ -77,7 +77,7 @@ def main() -> None:
     report: dict = {"threads": torch.get_num_threads(), "tokens": args.tokens}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         engine, plain = (EagleEngine.load(EngineConfig(drafts=(), dtype=dtype_name, max_len=2048,
-                                                       packed_weights=packed))
+                                                       weights="dense", packed_weights=packed))
                          for packed in (True, False))
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
         ours(engine, "Hi", 8), ours(plain, "Hi", 8), hf(model, tok, "Hi", 8)  # warm-up
