@@ -133,8 +133,10 @@ def test_fused_decoder_equals_the_python_layers(tmp_path: Path, T: int, start: i
 
 
 def test_engine_q4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
-    engine = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96)
+    engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64}}, weights="q4",
+                         hidden_size=64, intermediate_size=96)
     assert isinstance(engine.target.lm_head, LowBitLinear) and engine.target.fused is not None
+    assert engine.heads["head"].fused is not None
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     ids = torch.randint(3, 96, (24,), generator=torch.Generator().manual_seed(1)).tolist()
     base = engine.generate(ids, params).token_ids
@@ -153,8 +155,8 @@ def test_q4_caches_after_every_commit_equal_a_fresh_prefill(
     prefill."""
     from tests.test_loop import GREEDY, PROMPTS, Oracle, step_lengths
 
-    engine = tiny_engine(tmp_path, weight_scale=1.0, weights="q4", hidden_size=64,
-                         intermediate_size=96)
+    engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64}}, weight_scale=1.0,
+                         weights="q4", hidden_size=64, intermediate_size=96)
     base = engine.generate(PROMPTS[0], GREEDY).token_ids
     oracle = Oracle(engine, PROMPTS[0], accuracy=0.7, seed=0).install(monkeypatch)
     result = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 10), "head", keep_events=True)
@@ -183,3 +185,31 @@ def test_app_status_names_the_target_weights() -> None:
     configs = [EngineConfig(), EngineConfig(weights="dense", dtype="bf16")]
     assert [c.weights_label for c in configs] == ["q4", "bf16"]
     assert "**target weights** q4 / bf16 ·" in engine_status(configs[0], 3, ["q4", "bf16"])
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) -> None:
+    """A q8 head's C++ layers against its Python layers: a draft extend over target features,
+    then a draft step over recycled hidden states under a tree-like mask."""
+    engine = tiny_engine(tmp_path, {"head": {"num_layers": num_layers, "intermediate_size": 64}},
+                         weights="q4", hidden_size=64, intermediate_size=96)
+    head = engine.heads["head"]
+    assert head.fused is not None and head.fused.q8
+    g = torch.Generator().manual_seed(num_layers)
+    feats = torch.randn(1, 6, head.cfg.num_aux * 64, generator=g)
+    ids = torch.randint(3, 96, (1, 6), generator=g)
+    step_ids, step_hidden = torch.randint(3, 96, (1, 3), generator=g), torch.randn(1, 3, 64)
+    step_mask = torch.ones(1, 3, 9, dtype=torch.bool)
+    step_mask[0, 1, 6], step_mask[0, 2, 7] = False, False
+    outs, caches, fused = [], [], head.fused
+    for f in (fused, None):
+        head.fused, cache = f, head.new_cache(32)
+        ext = head(ids, feats, torch.arange(6)[None], cache, 0, causal_mask(6, 0, "cpu"),
+                   from_target=True)
+        step = head(step_ids, step_hidden, torch.full((1, 3), 6), cache, 6, step_mask,
+                    from_target=False)
+        outs.append(ext + step)
+        caches.append(cache.data)
+    for got, want in zip(outs[0], outs[1]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[0], caches[1], rtol=1e-4, atol=1e-5)

@@ -410,22 +410,30 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor d) {
 }
 
 
-// The whole layer stack (see `attention` above). weights: per layer, in order, input norm,
-// qkv codes, qkv dm, o codes, o dm, post-attention norm, gate_up codes, gate_up dm, down codes,
-// down dm. Returns [hidden after the last layer [T, H], aux [T, len(aux_ids) * H]].
-std::vector<torch::Tensor> q4_decoder(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
-                                      torch::Tensor kv, int64_t start, torch::Tensor bias,
-                                      std::vector<torch::Tensor> weights, int64_t heads,
-                                      int64_t kv_heads, double eps, std::vector<int64_t> aux_ids) {
+// A layer stack for one sequence (see `attention` above): the target's decoder layers (q4
+// codes, `embeds` empty) or an EAGLE-3 head's layers (q8 codes; its first layer reads
+// cat(norm(embeds), norm(h)), 2H wide). weights, per layer in order: input norm, [the first
+// head layer: hidden norm,] qkv codes, qkv scales, o codes, o scales, post-attention norm,
+// gate_up codes, gate_up scales, down codes, down scales. Returns [h after the last layer
+// [T, H], aux [T, len(aux_ids) * H]: the inputs of the layers `aux_ids` (ascending)].
+std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, torch::Tensor cos,
+                                         torch::Tensor sin, torch::Tensor kv, int64_t start,
+                                         torch::Tensor bias, std::vector<torch::Tensor> weights,
+                                         int64_t heads, int64_t kv_heads, double eps,
+                                         std::vector<int64_t> aux_ids, bool q8) {
 #ifdef LOWBIT_SIMD
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [T, H] float32");
-  TORCH_CHECK(weights.size() % 10 == 0, "10 weight tensors per layer");
+  const bool draft = embeds.numel() > 0;
+  const int64_t per_layer = 10, first = draft ? 11 : 10;
+  TORCH_CHECK(weights.size() >= size_t(first) && (weights.size() - first) % per_layer == 0,
+              "10 weight tensors per layer (11 for a head's first layer), got ", weights.size());
   h = h.contiguous().clone();
-  const int64_t layers = weights.size() / 10, T = h.size(0), H = h.size(1), hd = kv.size(3);
+  const int64_t layers = 1 + (weights.size() - first) / per_layer;
+  const int64_t T = h.size(0), H = h.size(1), hd = kv.size(3);
   TORCH_CHECK(kv.is_contiguous() && kv.size(0) == 2 * layers && kv.size(1) == kv_heads,
               "kv must be contiguous [2 * layers, kv_heads, max_len, head_dim]");
   TORCH_CHECK(hd % Simd::kLanes == 0 && hd <= 8 * Simd::kLanes, "head_dim ", hd, " unsupported");
-  Dims d{T, H, heads, kv_heads, hd, weights[6].size(0) / 2, start + T, kv.size(2)};
+  Dims d{T, H, heads, kv_heads, hd, weights[first - 4].size(0) / 2, start + T, kv.size(2)};
   TORCH_CHECK(d.S <= d.max_len, "rows past the cache");
   TORCH_CHECK(d.inter % Simd::kLanes == 0, "intermediate size unsupported");
   const float* b = nullptr;
@@ -434,6 +442,12 @@ std::vector<torch::Tensor> q4_decoder(torch::Tensor h, torch::Tensor cos, torch:
                 "bias must be [T, start + T]");
     b = bias.data_ptr<float>();
   }
+  auto mm = [q8](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& s) {
+    if (q8)
+      return product(Q8Blocks{codes.data_ptr<int8_t>(), s.data_ptr<float>(), x.size(1) / kGroup},
+                     x, codes.size(0));
+    return q4_matmul(x, codes, s);
+  };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
   auto aux = torch::empty({T, int64_t(aux_ids.size()) * H}, h.options());
   auto xn = torch::empty({T, H}, h.options());
@@ -446,11 +460,21 @@ std::vector<torch::Tensor> q4_decoder(torch::Tensor h, torch::Tensor cos, torch:
         for (int64_t t = 0; t < T; ++t)
           std::memcpy(aux.data_ptr<float>() + t * aux.size(1) + a * H, hp + t * H, H * 4);
   };
+  const torch::Tensor* w = weights.data();
   for (int64_t l = 0; l < layers; ++l) {
-    const torch::Tensor* w = &weights[l * 10];
     capture(l);
-    rms_norm(hp, w[0].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
-    auto qkv = q4_matmul(xn, w[1], w[2]);  // [T, qkv_w]
+    torch::Tensor x = xn;
+    if (draft && l == 0) {  // cat(input_layernorm(embeds), hidden_norm(h)) [T, 2H]
+      auto e = torch::empty({T, H}, h.options());
+      rms_norm(embeds.contiguous().data_ptr<float>(), w[0].data_ptr<float>(),
+               e.data_ptr<float>(), T, H, eps);
+      rms_norm(hp, w[1].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
+      x = torch::cat({e, xn}, 1);
+      ++w;
+    } else {
+      rms_norm(hp, w[0].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
+    }
+    auto qkv = mm(x, w[1], w[2]);  // [T, qkv_w]
     float* qp = qkv.data_ptr<float>();
     rope(qp, cos.data_ptr<float>(), sin.data_ptr<float>(), T, qkv_w, heads + kv_heads, hd);
     float* kc = kv.data_ptr<float>() + (2 * l) * kv_heads * d.max_len * hd;
@@ -462,17 +486,17 @@ std::vector<torch::Tensor> q4_decoder(torch::Tensor h, torch::Tensor cos, torch:
                     qp + t * qkv_w + (heads + kv_heads + j) * hd, hd * 4);
       }
     attention(qp, qkv_w, kc, vc, b, attn.data_ptr<float>(), d);
-    auto o = q4_matmul(attn, w[3], w[4]);
-    h.add_(o);
+    h.add_(mm(attn, w[3], w[4]));
     rms_norm(hp, w[5].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
-    auto gu = q4_matmul(xn, w[6], w[7]);
+    auto gu = mm(xn, w[6], w[7]);
     silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, d.inter);
-    h.add_(q4_matmul(act, w[8], w[9]));
+    h.add_(mm(act, w[8], w[9]));
+    w += per_layer;
   }
   capture(layers);
   return {h, aux};
 #else
-  TORCH_CHECK(false, "q4_decoder needs AVX2 + FMA");
+  TORCH_CHECK(false, "fused_decoder needs AVX2 + FMA");
 #endif
 }
 
@@ -487,6 +511,6 @@ bool vectorized() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "x [M, K] f32 @ q4 weight [N, K]^T -> [M, N]");
   m.def("q8_linear", &q8_linear, "x [M, K] f32 @ q8 weight [N, K]^T -> [M, N]");
-  m.def("q4_decoder", &q4_decoder, "fused q4 decoder layers for one sequence");
+  m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers for one sequence");
   m.def("vectorized", &vectorized, "built with the AVX2 + FMA kernels");
 }

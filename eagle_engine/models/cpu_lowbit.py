@@ -95,44 +95,55 @@ def quantize_target(model: nn.Module) -> dict[str, int]:
 
 def quantize_head(model: nn.Module) -> int:
     """Swap an EAGLE-3 head's float32 linears for q8 codes (near-lossless; a draft step then
-    reads a quarter of the bytes). The embedding it shares with the target stays. Returns how
-    many linears were swapped."""
+    reads a quarter of the bytes) and fuse its layers. The embedding it shares with the target
+    stays. Returns how many linears were swapped."""
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children()
              if type(child) is nn.Linear and child.in_features % GROUP == 0
              and child.weight.dtype == torch.float32]
     for parent, name, child in swaps:
         setattr(parent, name, LowBitLinear(child, "q8"))
+    if FusedDecoder.supports(model):
+        model.fused = FusedDecoder(model)
     return len(swaps)
 
 
 class FusedDecoder:
-    """The target's decoder layers as one C++ call (`q4_decoder` in `kernels/cpu_lowbit.cpp`):
-    a one-sequence forward no longer dispatches ~25 small ops per layer from Python. It holds
-    references to the q4 layers' tensors; `TargetModel.forward` calls it when it `applies` and
-    runs its Python layers (the reference) otherwise."""
+    """A model's decoder layers as one C++ call (`fused_decoder` in `kernels/cpu_lowbit.cpp`):
+    a one-sequence step no longer dispatches ~25 small ops per layer from Python. For a target
+    with q4 layers, or an EAGLE-3 head with q8 layers (its first layer reads cat(norm(embeds),
+    norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
+    `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
+    reference) otherwise."""
+
+    MAX_ROWS = 32  # longer inputs (prefills) run the Python layers: SDPA attention, GEMMs
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.cfg
         self.heads, self.kv_heads, self.eps = cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
+        self.q8 = model.layers[0].self_attn.qkv_proj.kind == "q8"
         self.weights: list[torch.Tensor] = []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
-            self.weights += [layer.input_layernorm.weight.detach(), a.qkv_proj.codes,
-                             a.qkv_proj.scales, a.o_proj.codes, a.o_proj.scales,
-                             layer.post_attention_layernorm.weight.detach(),
-                             m.gate_up_proj.codes, m.gate_up_proj.scales, m.down_proj.codes,
-                             m.down_proj.scales]
+            norms = [layer.input_layernorm.weight.detach()]
+            if getattr(layer, "is_input_layer", False):
+                norms.append(layer.hidden_norm.weight.detach())
+            self.weights += norms + [a.qkv_proj.codes, a.qkv_proj.scales, a.o_proj.codes,
+                                     a.o_proj.scales,
+                                     layer.post_attention_layernorm.weight.detach(),
+                                     m.gate_up_proj.codes, m.gate_up_proj.scales,
+                                     m.down_proj.codes, m.down_proj.scales]
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """q4 layers without biases, head_dim and intermediate size in whole vectors."""
+        """Low-bit layers without biases, head_dim and intermediate size in whole vectors."""
         cfg = model.cfg
-        return (cpu_lowbit.load().vectorized() and not cfg.attention_bias
+        linears = [m for layer in model.layers for m in (layer.self_attn.qkv_proj,
+                   layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        return (all(isinstance(m, LowBitLinear) and m.bias is None for m in linears)
+                and len({m.kind for m in linears}) == 1 and cpu_lowbit.load().vectorized()
                 and cfg.head_dim % 16 == 0 and cfg.head_dim <= 128
                 and cfg.intermediate_size % 16 == 0)
-
-    MAX_ROWS = 32  # longer inputs (prefills) run the Python layers: SDPA attention, GEMMs
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
         """One sequence of fewer than `MAX_ROWS` tokens, rows written from `start`."""
@@ -140,14 +151,18 @@ class FusedDecoder:
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, start: int, mask: torch.Tensor | None,
-                 aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 aux_layer_ids: tuple[int, ...] = (), embeds: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """h [1, T, H]; cos/sin [T, head_dim]; kv = `KVCache.data` of a one-row cache; mask
-        [1, T, start+T] bool or None (every row visible) -> (h [1, T, H] after the last layer,
-        aux [1, T, n*H] or None: the inputs of `aux_layer_ids`, ascending)."""
+        [1, T, start+T] bool or None (every row visible); embeds [1, T, H] for a head ->
+        (h [1, T, H] after the last layer, aux [1, T, n*H] or None: the inputs of
+        `aux_layer_ids`, ascending)."""
         bias = torch.empty(0)
         if mask is not None:
             bias = torch.zeros(mask.shape[1:]).masked_fill_(~mask[0], float("-inf"))  # [T, S]
         ids = sorted(set(aux_layer_ids))
-        out, aux = cpu_lowbit.load().q4_decoder(h[0], cos, sin, kv, start, bias, self.weights,
-                                                self.heads, self.kv_heads, self.eps, ids)
+        e = torch.empty(0) if embeds is None else embeds[0]
+        out, aux = cpu_lowbit.load().fused_decoder(h[0], e, cos, sin, kv, start, bias,
+                                                   self.weights, self.heads, self.kv_heads,
+                                                   self.eps, ids, self.q8)
         return out[None], (aux[None] if ids else None)

@@ -65,6 +65,7 @@ class Eagle3Draft(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)
+        self.fused = None  # models/cpu_lowbit.FusedDecoder once the layers hold q8 codes
 
     @property
     def hot_ids(self) -> torch.Tensor:
@@ -102,8 +103,12 @@ class Eagle3Draft(nn.Module):
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
-        bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
+        if self.fused is not None and self.fused.applies(ids, cache_rows):
+            h = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
+                           embeds=embeds)[0]
+        else:
+            bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
+            for i, layer in enumerate(self.layers):
+                h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
         logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
         return logits, h

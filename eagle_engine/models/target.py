@@ -83,7 +83,7 @@ class TargetModel(nn.Module):
         rope = self.rope.table(positions, h.dtype)
         if self.fused is not None and self.fused.applies(ids, cache_rows):
             h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
-                                aux_layer_ids)
+                                aux_layer_ids)  # models/cpu_lowbit.FusedDecoder
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             captured: list[torch.Tensor] = []
