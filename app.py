@@ -35,7 +35,7 @@ CSS = ROOT / "assets" / "style.css"
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
 # A frame costs Gradio (and a browser on the same cores) tens of ms, more than an engine step
-# (README, "The app's engine thread and frames"): events within this interval share a frame.
+# (docs/results.md, section 9): events within this interval share a frame.
 FRAME_INTERVAL_S = 0.1
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
@@ -63,7 +63,7 @@ class EngineThread:
     more OpenMP threads than cores their workers stop spinning between parallel regions, so
     every oneDNN linear and attention call waits for sleeping workers: stepped from Gradio's
     worker threads after a load in the main thread, the engine decoded 1.6-1.75x slower on a
-    2-core CPU (README, "The app's engine thread and frames"). One thread also runs one step
+    2-core CPU (docs/results.md, section 9). One thread also runs one step
     at a time, so the step a cancelled run had in flight finishes before the next run's
     prefill starts."""
 

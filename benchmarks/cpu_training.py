@@ -5,7 +5,7 @@
 
 Runs itself twice as a child process (an allocator is chosen when a process starts): once with
 glibc's malloc and once with jemalloc preloaded and told to keep freed pages
-(`MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`), the setting the README gives for training
+(`MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`), the setting README.md gives for training
 on the CPU. PyTorch's CPU allocator caches nothing, so with glibc every [tokens, draft vocab]
 float tensor of a step (hundreds of MB) is a fresh mmap the kernel zeroes page by page.
 Each child warm-starts a head from `assets/heads/eagle3-aux-1layer`

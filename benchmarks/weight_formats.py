@@ -1,7 +1,8 @@
 """Each target weight format on this CPU: the cost of a target forward of 1, 4, 8, 16 tokens
 (the verify cost curve) and closeness to fp32 on fixed text.
 
-    PYTHONPATH=. python benchmarks/weight_formats.py [--context 300] [--repeats 21] [--sizes 1,4,8,16]
+    PYTHONPATH=. python benchmarks/weight_formats.py [--context 300] [--repeats 21] \
+        [--sizes 1,4,8,16]
 
 Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, fp32 activations, `models/cpu_lowbit.py`),
 the same without the fused C++ decoder (its Python layers, one kernel call per linear), dense

@@ -250,7 +250,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         other_ar = totals["ar" + suffix].summary()["tokens_per_s"]
         for k, v in report["modes"].items():
             if k.startswith(f"eagle{suffix}["):
-                v["speedup_vs_own_ar"] = round(v["tokens_per_s"] / other_ar, 3) if other_ar else None
+                v["speedup_vs_own_ar"] = (round(v["tokens_per_s"] / other_ar, 3) if other_ar
+                                          else None)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -41,7 +41,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 def native_bf16(device: str) -> bool:
     """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
     without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
-    cost ~9x one token in bf16, ~2x in fp32; README, cost model)."""
+    cost ~9x one token in bf16, ~2x in fp32; docs/results.md, section 4)."""
     if device.startswith("cuda"):
         return True
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -65,8 +65,9 @@ def compiler_available() -> bool:
 
 def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     """'auto' -> 'q4' for a GGUF target (the bundled one or a .gguf file) on a CPU that can
-    build the q4 kernels, unless `dtype` asks for bf16 or fp16; else 'dense'. q4 keeps the GGUF's 4-bit codes (exact for Q4_1) and
-    decodes ~2.5x faster than bf16 and ~4x faster than fp32 on the 2-core CPUs (README)."""
+    build the q4 kernels, unless `dtype` asks for bf16 or fp16; else 'dense'. q4 keeps the
+    GGUF's 4-bit codes (exact for Q4_1) and decodes ~2.5x faster than bf16 and ~4x faster than
+    fp32 on a 2-core CPU (README, "Results")."""
     if weights not in WEIGHTS:
         raise ConfigError(f"unknown weights {weights!r}; choose one of {list(WEIGHTS)}")
     cpu = torch.device(device).type == "cpu"
@@ -298,7 +299,7 @@ class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
     tree nodes including the root."""
 
-    # defaults = the fastest shape of the measured sweep on the 2-core CPU (README, "Tree sweep")
+    # defaults = the fastest shape of the measured sweep on the 2-core CPU (docs/results.md, section 4)
     topk: int = 4
     num_steps: int = 3
     num_draft_tokens: int = 8
@@ -323,7 +324,7 @@ class TreeParams:
         return self.topk + (self.num_steps - 1) * self.topk * self.topk
 
 
-Q4_TREE = TreeParams(2, 2, 3)  # q4 target weights: the sweep in README.md, "Results"
+Q4_TREE = TreeParams(2, 2, 3)  # q4 target weights: README.md, "Results", tree sweep
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> 
     drafts accepted, and the run record names the weights."""
     dense = EngineConfig(weights="dense").weights_label
     client = app_server.client()
-    final = client.predict(PROMPT, **SMALL, weights=dense, num_draft_tokens=8, api_name="/chat")
+    final = client.predict(PROMPT, **SMALL, weights=dense, topk=4, num_steps=3,
+                           num_draft_tokens=8, api_name="/chat")
     run = final[OUT["run"]]
     assert run["weights"] == dense and len(run["spans"]) >= 24 and run["stats"]["tau"] > 1
     assert f"{dense} target" in final[OUT["status"]]
@@ -241,7 +242,7 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
     tree = Q4_TREE if q4 else TreeParams()
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens}
-    assert tree.num_draft_tokens == (4 if q4 else 8)
+    assert tree.num_draft_tokens == (3 if q4 else 8)
 
 
 def test_target_weights_pick_the_engine_and_its_default_tree(

@@ -162,6 +162,9 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
     ex(page.locator("#layers label")).to_have_count(1)
     page.locator("#aux input").check()
     ex(page.locator("#layers label")).to_have_count(2)
+    set_number(page, "topk", 3)  # the q4 default tree is k2 s2: change it, then back
+    set_number(page, "num-steps", 3)
+    ex(page.locator("#draft-tokens input[type=number]")).to_have_attribute("max", "22")
     set_number(page, "topk", 2)
     set_number(page, "num-steps", 2)
     ex(page.locator("#draft-tokens input[type=number]")).to_have_attribute("max", "7")

@@ -1,4 +1,4 @@
-"""q4 target weights on CPU (`kernels/cpu_lowbit.*`, `models/cpu_lowbit.py`, `EngineConfig.weights`).
+"""q4 weights on CPU (`kernels/cpu_lowbit.*`, `models/cpu_lowbit.py`, `EngineConfig.weights`).
 
 The kernels equal a plain product with the dequantized weight for 1 to 16 rows and odd shapes,
 in the machine's own build and in the AVX2 build; a row computed with others equals that row
@@ -123,7 +123,8 @@ def test_fused_decoder_equals_the_python_layers(tmp_path: Path, T: int, start: i
     for fused in (target.fused, None):
         target.fused, cache = fused, target.new_cache(max_len=32)
         if start:
-            target(ids[:, :start], torch.arange(start)[None], cache, 0, causal_mask(start, 0, "cpu"))
+            target(ids[:, :start], torch.arange(start)[None], cache, 0,
+                   causal_mask(start, 0, "cpu"))
         outs.append(target(ids[:, start:], torch.arange(start, start + T)[None], cache, start,
                            mask, (0, 3, 8)))
         caches.append(cache.data)

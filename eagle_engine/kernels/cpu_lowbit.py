@@ -2,7 +2,7 @@
 
 No library does this job well on these CPUs: PyTorch's `_weight_int4pack_mm_for_cpu` unpacks
 the weights again for every 4 activation rows and is slow with fp32 activations, the only fast
-activation dtype on an AVX2-only CPU (README, "Weight formats"). The C++ kernels multiply fp32
+activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels multiply fp32
 activations by weights kept in GGUF block formats (q4: Q4_1 codes with a scale and a minimum per
 32 inputs; q8: Q8_0 codes with a scale), unpack each block once for up to 4 activation rows,
 and give every row the same bits it would get alone. `load()` compiles them with

@@ -179,7 +179,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
         quick_overrides(args)
     if args.device == "cpu" and "jemalloc" not in os.environ.get("LD_PRELOAD", ""):
         log.info("CPU training spends much of its time in page faults with glibc's allocator: "
-                 "preloading jemalloc about halves it (README, 'Training on the CPU')")
+                 "preloading jemalloc about halves it (README, 'Training')")
     deadline = time.time() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
     specs = head_specs(args)
     samples = samples_by_source(args)
@@ -271,7 +271,7 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 
 Draft-vocabulary coverage of response tokens by size: {cov}.
 
-Acceptance (tau) per dataset: see the README's benchmark table (`python -m eagle_engine bench`).
+Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench`).
 """
     (spec.out / "README.md").write_text(card)
 
