@@ -68,8 +68,13 @@ def load(avx2_only: bool = False) -> ModuleType:
     if fresh:
         log.info("building the CPU low-bit kernels in %s (first start only)", out)
     name = "eagle_cpu_lowbit_avx2" if avx2_only else "eagle_cpu_lowbit"
-    module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
-                            extra_ldflags=["-fopenmp"], build_directory=str(out), verbose=False)
+    try:
+        module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
+                                extra_ldflags=["-fopenmp"], build_directory=str(out),
+                                verbose=False)
+    except (RuntimeError, OSError, ImportError) as e:
+        raise ConfigError(f"building the q4 CPU kernels in {out} failed ({e}); choose "
+                          "--weights dense, or install g++, ninja and the Python headers") from e
     if fresh:
         log.info("built the CPU low-bit kernels in %.1fs", time.perf_counter() - t0)
     return module
