@@ -77,6 +77,9 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
         return "q4" if cpu and gguf and fp32 and compiler_available() else "dense"
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
+    if weights == "q4" and dtype not in ("auto", "fp32"):
+        raise ConfigError(f"q4 target weights run with fp32 activations; dtype {dtype!r} needs "
+                          "--weights dense")
     return weights
 
 
@@ -299,7 +302,8 @@ class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
     tree nodes including the root."""
 
-    # defaults = the fastest shape of the measured sweep on the 2-core CPU (docs/results.md, section 4)
+    # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
+    # (docs/results.md, section 4)
     topk: int = 4
     num_steps: int = 3
     num_draft_tokens: int = 8
@@ -349,9 +353,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         weights = resolve_weights(self.weights, self.target, self.device, self.dtype)
         object.__setattr__(self, "weights", weights)
-        if weights == "q4" and self.dtype not in ("auto", "fp32"):
-            raise ConfigError(f"q4 target weights run with fp32 activations; dtype {self.dtype!r} "
-                              "needs --weights dense")
         dtype = "fp32" if weights == "q4" else resolve_dtype(self.dtype, self.device)
         object.__setattr__(self, "dtype", dtype)
         if self.max_len < 16:
