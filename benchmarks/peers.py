@@ -32,7 +32,7 @@ import torch
 
 from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.kernels.cpu_lowbit import cpu_flags
+from eagle_engine.config import cpu_flags
 from eagle_engine.models.loader import bundled_gguf_path
 
 Decode = Callable[[list[int]], int]  # prompt ids -> tokens decoded

@@ -20,7 +20,7 @@ import torch
 
 from eagle_engine.bench import interleaved_medians, target_forward
 from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
-from eagle_engine.kernels.cpu_lowbit import cpu_flags
+from eagle_engine.config import cpu_flags
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
 

@@ -63,6 +63,20 @@ def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    present = set(line.split(":", 1)[-1].split())
+    return tuple(f for f in CPU_FLAGS if f in present)
+
+
 def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     """'auto' -> 'q4' for a GGUF target (the bundled one or a .gguf file) on a CPU that can
     build the q4 kernels, unless `dtype` asks for bf16 or fp16; else 'dense'. q4 keeps the
@@ -74,7 +88,8 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     if weights == "auto":
         gguf = target == "bundled" or target.endswith(".gguf")
         fp32 = dtype in ("auto", "fp32")
-        return "q4" if cpu and gguf and fp32 and compiler_available() else "dense"
+        simd = {"avx2", "fma"} <= set(cpu_flags())
+        return "q4" if cpu and gguf and fp32 and simd and compiler_available() else "dense"
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
     if weights == "q4" and dtype not in ("auto", "fp32"):

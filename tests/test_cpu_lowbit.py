@@ -1,8 +1,8 @@
 """q4 weights on CPU (`kernels/cpu_lowbit.*`, `models/cpu_lowbit.py`, `EngineConfig.weights`).
 
-The kernels equal a plain product with the dequantized weight for 1 to 16 rows and odd shapes,
-in the machine's own build and in the AVX2 build; a row computed with others equals that row
-computed alone, bit for bit. Quantizing a weight on a Q4_1 grid gives back its codes, scales and
+The kernels equal a float64 product of the dequantized weight and the dequantized int8
+activations for 1 to 16 rows and odd shapes, and their packed layout unpacks to the natural
+codes; a row computed with others equals that row computed alone, bit for bit. Quantizing a weight on a Q4_1 grid gives back its codes, scales and
 minimums; on the bundled target every decoder linear and the lm_head come back exactly. The
 fused decoder equals the Python layers (its reference); an engine with q4 weights keeps greedy
 speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
@@ -24,8 +24,6 @@ from eagle_engine.models.cpu_lowbit import LowBitLinear, quantize_q4, quantize_q
 from eagle_engine.models.loader import load_target
 from tests.helpers import tiny_engine
 
-BUILDS = [False, True]  # the machine's own build, the AVX2 build
-
 
 def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
     """A weight on a Q4_1 grid, as llama.cpp writes it: every block of 32 inputs holds code 0
@@ -42,39 +40,42 @@ def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
 def test_quantize_recovers_a_q4_1_grid() -> None:
     weight, codes, scale, low = q4_1_weight(48, 96, seed=0)
     packed, dm = quantize_q4(weight)
-    torch.testing.assert_close(dm[..., 0], scale, rtol=1e-5, atol=0)
-    assert torch.equal(dm[..., 1], low)
+    torch.testing.assert_close(dm[:, 0], scale, rtol=1e-5, atol=0)
+    assert torch.equal(dm[:, 1], low)
     unpacked = torch.cat([packed.view(48, 3, 16) & 15, packed.view(48, 3, 16) >> 4], -1)
     assert torch.equal(unpacked.view(48, 96).int(), codes)
     torch.testing.assert_close(cpu_lowbit.q4_dequantize(packed, dm), weight, rtol=0, atol=2e-7)
 
 
-@pytest.mark.parametrize("avx2_only", BUILDS)
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 @pytest.mark.parametrize("n, k", [(48, 64), (37, 96), (3, 32), (130, 160)])
-def test_kernels_equal_the_dequantized_product(avx2_only: bool, kind: str, n: int, k: int
-                                               ) -> None:
+def test_kernels_equal_the_dequantized_product(kind: str, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(n * k)
     weight = torch.randn(n, k, generator=g)
     codes, scales = quantize_q4(weight) if kind == "q4" else quantize_q8(weight)
-    kernel = getattr(cpu_lowbit.load(avx2_only), f"{kind}_linear")
+    packed = getattr(cpu_lowbit, f"pack_{kind}")(codes, scales)
+    unpacked = getattr(cpu_lowbit, f"unpack_{kind}")(*packed, n)
+    assert all(torch.equal(a, b) for a, b in zip(unpacked, (codes, scales)))
+    kernel = getattr(cpu_lowbit.load(), f"{kind}_linear")
     reference = getattr(cpu_lowbit, f"{kind}_linear_reference")
     x = torch.randn(40, k, generator=g)
-    for m in [*range(1, 17), 31, 32, 40]:  # from 32 rows on: one dense GEMM
-        got = kernel(x[:m].contiguous(), codes, scales)
+    x[3, :32] = 0  # a block of zeros (scale 0)
+    for m in [*range(1, 17), 31, 32, 40]:
+        got = kernel(x[:m].contiguous(), *packed, n)
         torch.testing.assert_close(got, reference(x[:m], codes, scales), rtol=1e-5, atol=1e-5)
     x = x[:16].contiguous()
-    together = kernel(x, codes, scales)
-    alone = torch.cat([kernel(x[i:i + 1].contiguous(), codes, scales) for i in range(16)])
+    together = kernel(x, *packed, n)
+    alone = torch.cat([kernel(x[i:i + 1].contiguous(), *packed, n) for i in range(16)])
     assert torch.equal(together, alone)  # a row's bits do not depend on the other rows
 
 
 def test_kernels_refuse_bad_input_naming_it() -> None:
-    codes, dm = quantize_q4(torch.randn(16, 64))
+    codes, scales = cpu_lowbit.pack_q4(*quantize_q4(torch.randn(16, 64)))
     with pytest.raises(RuntimeError, match="contiguous 2-D float32"):
-        cpu_lowbit.q4_linear(torch.randn(2, 64, dtype=torch.float64), codes, dm)
-    with pytest.raises(RuntimeError, match="codes must be contiguous"):
-        cpu_lowbit.q4_linear(torch.randn(2, 96), codes, dm)
+        cpu_lowbit.q4_linear(torch.randn(2, 64, dtype=torch.float64), codes, scales, 16)
+    with pytest.raises(RuntimeError, match=r"codes must be contiguous \[2, 3, 128\] for 16 "
+                       "outputs and 96 inputs"):
+        cpu_lowbit.q4_linear(torch.randn(2, 96), codes, scales, 16)
     with pytest.raises(ValueError, match="48x40"):
         LowBitLinear(nn.Linear(40, 48), "q4")
     with pytest.raises(ConfigError, match="CPU path; device is 'cuda'"):

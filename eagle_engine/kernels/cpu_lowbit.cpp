@@ -1,21 +1,20 @@
-// Low-bit weight x fp32 activation products for the CPU: y[M, N] = x[M, K] @ W[N, K]^T.
+// Low-bit weight products for the CPU, y[M, N] = x[M, K] @ W[N, K]^T with x float32, and the
+// fused decoder layers that use them.
 //
 // Weights stay in GGUF block formats, 32 inputs per block:
 //   q4: codes [N, K/2] uint8 (byte j of a block = input j in the low nibble, input j+16 in the
-//       high nibble, as in a Q4_1 block) and dm [N, K/32, 2] float (scale d, minimum m):
-//       w = d * q + m.
-//   q8: codes [N, K] int8 and d [N, K/32] float: w = d * q (a Q8_0 block).
-// Each weight block is unpacked once per tile of up to 8 (AVX-512) or 4 (AVX2) activation rows
-// (register-blocked over rows and output columns), so the cost of a call grows with the rows far
-// slower than unpacking per row would; from 32 rows on (a prefill) the weight is unpacked once
-// into a dense matrix for one GEMM. Every output is summed in the same order whatever the number of
-// rows or the tile it falls in: row r of a call equals that row computed alone, bit for bit
-// (a tree verify of N < 32 tokens gives the same numbers as N one-token decodes). The columns are
-// split over ATen's threads. Without AVX2 + FMA a scalar loop computes the same products
-// (in another summation order).
+//       high nibble, as in a Q4_1 block) and scales [N, 2, K/32] float (scale dw, then
+//       minimum m): w = dw * c + m.
+//   q8: codes [N, K] int8 and scales [N, K/32] float: w = dw * c (a Q8_0 block).
+// The activations are quantized per row and block to int8 (see "int8 activations" below) and
+// each weight block is multiplied in integers, once per tile of up to 4 activation rows; every
+// output is summed in the same order whatever the number of rows or the tile it falls in, so
+// row r of a call equals that row computed alone, bit for bit (a tree verify gives the numbers
+// of one-token decodes). The columns are split over ATen's threads. The kernels need AVX2 + FMA.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -32,215 +31,219 @@ constexpr int64_t kGroup = 32;
 #ifdef LOWBIT_SIMD
 #define LOWBIT_INLINE __attribute__((always_inline)) inline
 
-#ifdef __AVX512F__
-// A block's 32 weights as 2 x 16 floats; tiles of up to 8 activation rows.
-struct Simd {
-  using F = __m512;
-  static constexpr int kVecs = 2, kLanes = 16, kMaxRows = 8;
 
-  static LOWBIT_INLINE F set1(float v) { return _mm512_set1_ps(v); }
-  static LOWBIT_INLINE void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static LOWBIT_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static LOWBIT_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static LOWBIT_INLINE F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static LOWBIT_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
-  static LOWBIT_INLINE F min(F a, F b) { return _mm512_min_ps(a, b); }
-  static LOWBIT_INLINE F div(F a, F b) { return _mm512_div_ps(a, b); }
-  static LOWBIT_INLINE F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static LOWBIT_INLINE F zero_below(F v, F x, float t) {  // v where x >= t, else 0
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(t), _CMP_GE_OQ), v);
-  }
-  static LOWBIT_INLINE F pow2(F n) {  // 2^n for integral n in [-126, 127]
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-  }
-  static LOWBIT_INLINE F zero() { return _mm512_setzero_ps(); }
-  static LOWBIT_INLINE F load(const float* p) { return _mm512_loadu_ps(p); }
-  static LOWBIT_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static LOWBIT_INLINE float sum(F a, F b) { return _mm512_reduce_add_ps(_mm512_add_ps(a, b)); }
-  static LOWBIT_INLINE void q4(const uint8_t* codes, float d, float m, F w[kVecs]) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const F vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low4))), vd, vm);
-    w[1] = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low4))), vd, vm);
-  }
-  static LOWBIT_INLINE void q8(const int8_t* codes, float d, F w[kVecs]) {
-    const F vd = _mm512_set1_ps(d);
-    for (int j = 0; j < kVecs; ++j) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * j));
-      w[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), vd);
-    }
-  }
+// ---- Low-bit products with int8 activations --------------------------------------------------
+// Each call first quantizes its activation rows per block of 32 inputs, as llama.cpp does for
+// its Q4_1 / Q8_0 dot products (a Q8_1 block): d = absmax / 127, q = round-half-even(x / d) as
+// x * (1 / d), s = d * sum(q). A weight block then meets an activation block in integers:
+//   q4 (w = dw * c + m, c in 0..15):  sum(w * x) = dw * d * sum(c * q) + m * s
+//   q8 (w = dw * c, c in -127..127):  sum(w * x) = dw * d * sum(c * q)
+// The weights are packed 8 output columns together (`pack_q4` / `pack_q8` in cpu_lowbit.py):
+// one 32-byte vector holds 4 consecutive inputs of each of the 8 columns, so `maddubs`
+// (u8 x s8 -> int16 pairs) against 4 activation bytes broadcast to every lane, then `madd`
+// (-> int32), leaves the 8 columns' partial sums in the 8 lanes: no horizontal sums, and the
+// scales of 8 columns are one vector. q4 sums a block's 8 steps in int16 (at most
+// 8 * 2 * 15 * 127 = 30480, no overflow); q8 (codes up to 127: 2 * 127 * 127 = 32258 a step)
+// widens every step. These are 256-bit AVX2 instructions, the same code on AVX2-only and
+// AVX-512 CPUs. Every output lane sums its blocks in order, so each row gets the same bits
+// whatever the number of rows in the call or the tile it falls in.
+
+struct Acts {  // activation rows quantized per block: q [M, K] int8, d and s [M, K/32]
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  int64_t K, B;
 };
-#else
-// A block's 32 weights as 4 x 8 floats; tiles of up to 4 activation rows.
-struct Simd {
-  using F = __m256;
-  static constexpr int kVecs = 4, kLanes = 8, kMaxRows = 4;
 
-  static LOWBIT_INLINE F set1(float v) { return _mm256_set1_ps(v); }
-  static LOWBIT_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  static LOWBIT_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static LOWBIT_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static LOWBIT_INLINE F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static LOWBIT_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
-  static LOWBIT_INLINE F min(F a, F b) { return _mm256_min_ps(a, b); }
-  static LOWBIT_INLINE F div(F a, F b) { return _mm256_div_ps(a, b); }
-  static LOWBIT_INLINE F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static LOWBIT_INLINE F zero_below(F v, F x, float t) {
-    return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(t), _CMP_GE_OQ));
-  }
-  static LOWBIT_INLINE F pow2(F n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-  static LOWBIT_INLINE F zero() { return _mm256_setzero_ps(); }
-  static LOWBIT_INLINE F load(const float* p) { return _mm256_loadu_ps(p); }
-  static LOWBIT_INLINE F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static LOWBIT_INLINE float sum(F a, F b) {
-    const __m256 s = _mm256_add_ps(a, b);
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-  }
-  static LOWBIT_INLINE F widen(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
-  static LOWBIT_INLINE void q4(const uint8_t* codes, float d, float m, F w[kVecs]) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-    const F vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-    w[0] = _mm256_fmadd_ps(widen(lo), vd, vm);
-    w[1] = _mm256_fmadd_ps(widen(_mm_srli_si128(lo, 8)), vd, vm);
-    w[2] = _mm256_fmadd_ps(widen(hi), vd, vm);
-    w[3] = _mm256_fmadd_ps(widen(_mm_srli_si128(hi, 8)), vd, vm);
-  }
-  static LOWBIT_INLINE void q8(const int8_t* codes, float d, F w[kVecs]) {
-    const F vd = _mm256_set1_ps(d);
-#pragma GCC unroll 4
-    for (int j = 0; j < kVecs; ++j) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * j));
-      w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vd);
+Acts quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t B = K / kGroup;
+  Acts a{std::vector<int8_t>(M * K), std::vector<float>(M * B), std::vector<float>(M * B), K, B};
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < M * B; ++i) {
+    const float* xb = x + i * kGroup;
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.f;
+    const __m256 id = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m256i n[4];
+    for (int j = 0; j < 4; ++j) n[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]),
+                                              _mm256_packs_epi32(n[2], n[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * kGroup),
+                        _mm256_permutevar8x32_epi32(packed, order));
+    alignas(32) int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t),
+                       _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3])));
+    a.d[i] = d;
+    a.s[i] = d * float(t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7]);
   }
-};
-#endif
-using F = Simd::F;
+  return a;
+}
 
-struct Q4Blocks {
+// A weight packed 8 columns together, per group g of 8 columns and block b:
+//   q4: codes [G, B, 4, 32] uint8: vector p holds inputs 8p..8p+3 (low nibbles) and
+//       8p+4..8p+7 (high nibbles), 4 bytes a column; scales [G, B, 2, 8] (dw, then m).
+//   q8: codes [G, B, 8, 32] int8: vector s holds inputs 4s..4s+3, 4 bytes a column;
+//       scales [G, B, 8].
+template <bool kQ4>
+struct Packed {
   const uint8_t* codes;
-  const float* dm;
-  int64_t blocks;  // K / 32
-  LOWBIT_INLINE void unpack(int64_t n, int64_t b, F w[Simd::kVecs]) const {
-    const int64_t i = n * blocks + b;
-    Simd::q4(codes + i * 16, dm[2 * i], dm[2 * i + 1], w);
-  }
+  const float* scales;
+  int64_t B;
+  static constexpr int64_t kBytes = kQ4 ? 128 : 256, kScales = kQ4 ? 16 : 8;
 };
 
-struct Q8Blocks {
-  const int8_t* codes;
-  const float* d;
-  int64_t blocks;
-  LOWBIT_INLINE void unpack(int64_t n, int64_t b, F w[Simd::kVecs]) const {
-    const int64_t i = n * blocks + b;
-    Simd::q8(codes + i * kGroup, d[i], w);
-  }
-};
+LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to all 8 lanes
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
 
-// R activation rows x C output columns. Every output has two accumulators (the first and the
-// second half of each block), so it sees the same sequence of operations for any R and C.
-template <int R, int C, class W>
-LOWBIT_INLINE void tile(const W& w, const float* x, int64_t K, float* y, int64_t N, int64_t n0) {
-  constexpr int V = Simd::kVecs, L = Simd::kLanes;
-  F acc[C][R][2];
+// R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
+template <int R, bool kQ4>
+LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t m0,
+                        __m256 out[R]) {
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+  __m256 acc[R];
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c)
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.B; ++b) {
+    const uint8_t* wc = w.codes + (g * w.B + b) * Packed<kQ4>::kBytes;
+    const float* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
+    const int8_t* xb[R];
+    __m256i sum[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[c][r][0] = acc[c][r][1] = Simd::zero();
-  for (int64_t b = 0; b < w.blocks; ++b) {
+    for (int r = 0; r < R; ++r) {
+      xb[r] = x.q.data() + (m0 + r) * x.K + b * kGroup;
+      sum[r] = _mm256_setzero_si256();
+    }
+    if constexpr (kQ4) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + 32 * p));
+        const __m256i lo = _mm256_and_si256(v, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      F v[V];
-      w.unpack(n0 + c, b, v);
+        for (int r = 0; r < R; ++r) {
+          sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(lo, broadcast4(xb[r] + 8 * p)));
+          sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(hi, broadcast4(xb[r] + 8 * p + 4)));
+        }
+      }
+      const __m256 dw = _mm256_loadu_ps(ws), m = _mm256_loadu_ps(ws + 8);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const float* xr = x + r * K + b * kGroup;
-#pragma GCC unroll 4
-        for (int j = 0; j < V; ++j)
-          acc[c][r][2 * j / V] = Simd::fmadd(v[j], Simd::load(xr + j * L), acc[c][r][2 * j / V]);
+        const int64_t i = (m0 + r) * x.B + b;
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[r], ones));
+        acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[i]), acc[r]);
       }
+    } else {
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + 32 * s));
+        const __m256i a = _mm256_abs_epi8(v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(broadcast4(xb[r] + 4 * s), v));
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(p, ones));
+        }
+      }
+      const __m256 dw = _mm256_loadu_ps(ws);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]),
+                                 _mm256_mul_ps(dw, _mm256_set1_ps(x.d[(m0 + r) * x.B + b])), acc[r]);
     }
   }
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) y[r * N + n0 + c] = Simd::sum(acc[c][r][0], acc[c][r][1]);
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-template <int R, class W>
-void rows(const W& w, const float* x, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int C = R >= 4 ? 1 : 4 / R;  // keep about 8 accumulators in registers
-  int64_t n = n0;
-  for (; n + C <= n1; n += C) tile<R, C>(w, x, K, y, N, n);
-  for (; n < n1; ++n) tile<R, 1>(w, x, K, y, N, n);
-}
-
-template <class W>
-void matmul(const W& w, const float* x, int64_t M, int64_t K, float* y, int64_t N) {
-  constexpr int T = Simd::kMaxRows;
-  at::parallel_for(0, (N + 3) / 4, 8, [&](int64_t c0, int64_t c1) {
-    const int64_t n0 = c0 * 4, n1 = std::min(N, c1 * 4);
-    int64_t m = 0;
-    for (; m + T <= M; m += T) rows<T>(w, x + m * K, K, y + m * N, N, n0, n1);
-    for (; m + 4 <= M; m += 4) rows<4>(w, x + m * K, K, y + m * N, N, n0, n1);
-    const int64_t left = M - m;
-    if (left == 3) rows<3>(w, x + m * K, K, y + m * N, N, n0, n1);
-    if (left == 2) rows<2>(w, x + m * K, K, y + m * N, N, n0, n1);
-    if (left == 1) rows<1>(w, x + m * K, K, y + m * N, N, n0, n1);
-  });
-}
-
-// Many rows (a prefill): unpack the weight once into a dense float matrix and run one GEMM.
-constexpr int64_t kDenseRows = 32;
-
-template <class W>
-torch::Tensor product(const W& w, const torch::Tensor& x, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1);
-  if (M >= kDenseRows) {
-    auto dense = torch::empty({N, K}, x.options());
-    float* p = dense.data_ptr<float>();
-    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t b = 0; b < w.blocks; ++b) {
-          F v[Simd::kVecs];
-          w.unpack(n, b, v);
-          for (int j = 0; j < Simd::kVecs; ++j)
-            Simd::store(p + n * K + b * kGroup + j * Simd::kLanes, v[j]);
-        }
-    });
-    return at::mm(x, dense.t());
+template <int R, bool kQ4>
+void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
+  __m256 out[R];
+  tile<R>(w, x, g, m0, out);
+  const int64_t n0 = 8 * g, width = std::min<int64_t>(8, N - n0);
+  for (int r = 0; r < R; ++r) {
+    if (width == 8) {
+      _mm256_storeu_ps(y + (m0 + r) * N + n0, out[r]);
+    } else {  // the last group of a width that is not a multiple of 8 (padded columns)
+      alignas(32) float t[8];
+      _mm256_store_ps(t, out[r]);
+      std::memcpy(y + (m0 + r) * N + n0, t, width * sizeof(float));
+    }
   }
-  auto y = torch::empty({M, N}, x.options());
-  matmul(w, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-  return y;
+}
+
+// y [M, N] = x [M, K] @ W^T. Groups of 8 columns split over ATen's threads; a group's codes
+// (a few KB) stay in L1 while every tile of up to 4 rows passes over them.
+template <bool kQ4>
+torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const Acts a = quantize_rows(x.data_ptr<float>(), M, K);
+  auto out = torch::empty({M, N}, x.options());
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) group_rows<4>(w, a, y, N, g, m);
+      const int64_t left = M - m;
+      if (left == 3) group_rows<3>(w, a, y, N, g, m);
+      if (left == 2) group_rows<2>(w, a, y, N, g, m);
+      if (left == 1) group_rows<1>(w, a, y, N, g, m);
+    }
+  });
+  return out;
+}
+
+torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes,
+                        const torch::Tensor& scales, int64_t N) {
+  return product(Packed<true>{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), x.size(1) / kGroup},
+                 x, N);
+}
+
+torch::Tensor q8_matmul(const torch::Tensor& x, const torch::Tensor& codes,
+                        const torch::Tensor& scales, int64_t N) {
+  return product(Packed<false>{reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()),
+                               scales.data_ptr<float>(), x.size(1) / kGroup},
+                 x, N);
 }
 
 // exp(x) per lane (Cephes-style range reduction and a degree-6 polynomial, ~2 ulp); exactly 0
 // below -86 (so -inf scores of masked keys add nothing at all, and no result is a denormal,
 // which would make every later product with it slow).
-LOWBIT_INLINE F vexp(F x) {
-  const F clamped = Simd::max(x, Simd::set1(-86.f));
-  const F t = Simd::min(clamped, Simd::set1(88.3f));
-  const F n = Simd::round(Simd::mul(t, Simd::set1(1.44269504088896341f)));
-  F r = Simd::fmadd(n, Simd::set1(-0.693359375f), t);
-  r = Simd::fmadd(n, Simd::set1(2.12194440e-4f), r);
-  F p = Simd::set1(1.f / 720);
-  p = Simd::fmadd(p, r, Simd::set1(1.f / 120));
-  p = Simd::fmadd(p, r, Simd::set1(1.f / 24));
-  p = Simd::fmadd(p, r, Simd::set1(1.f / 6));
-  p = Simd::fmadd(p, r, Simd::set1(0.5f));
-  p = Simd::fmadd(p, r, Simd::set1(1.f));
-  p = Simd::fmadd(p, r, Simd::set1(1.f));
-  return Simd::zero_below(Simd::mul(p, Simd::pow2(n)), x, -86.f);
+LOWBIT_INLINE __m256 vexp(__m256 x) {
+  const __m256 t = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), t);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256 pow2 = _mm256_castsi256_ps(  // 2^n for integral n in [-126, 127]
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  return _mm256_and_ps(_mm256_mul_ps(p, pow2), _mm256_cmp_ps(x, _mm256_set1_ps(-86.f), _CMP_GE_OQ));
+}
+
+// Lane k of the result = the sum of a[k]'s 8 lanes, each with the tree
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); `sum1` sums one vector the same way.
+LOWBIT_INLINE __m256 sums8(const __m256 a[8]) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+LOWBIT_INLINE float sum1(__m256 a) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, a);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
 // One decoder layer stack of a Llama-family target for one sequence, fp32 activations and q4
@@ -279,134 +282,156 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
     }
 }
 
-// q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches [kv_heads, max_len, hd]
+// q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches [kv_heads, max_len, hd].
+// The query rows that share a kv head (its g heads x T tokens) go in tasks of up to 8, which
+// pass over the keys and values in chunks of 64 that stay in L1 for all of them. A row's scores
+// run over the cache rows up to its last visible one (the bias is -inf past it); masked keys
+// weigh exactly 0. So a row's numbers do not depend on the other rows of the call, and a tree
+// row equals the same token decoded alone after its path.
 void attention(const float* q, int64_t qs, const float* kc, const float* vc, const float* bias,
                float* out, const Dims& d) {
-  const int64_t g = d.heads / d.kv_heads, L = Simd::kLanes, V = d.hd / L;
+  constexpr int64_t kMaxRows = 8, kChunk = 64;
+  const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
+  // about 4 tasks a thread, so that no thread waits long for the last one
+  const int64_t kRows = std::clamp<int64_t>(d.heads * d.T / (4 * at::get_num_threads()), 1, kMaxRows);
+  const int64_t tasks = (rows + kRows - 1) / kRows;
   const float scale = 1.f / std::sqrt(float(d.hd));
-  at::parallel_for(0, d.heads * d.T, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(d.S + L);
+  at::parallel_for(0, d.kv_heads * tasks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(kRows * d.S);
+    const float* qr[kMaxRows];
+    const float* br[kMaxRows];
+    float* orow[kMaxRows];
+    int64_t end[kMaxRows];
+    float total[kMaxRows];
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t h = i / d.T, t = i % d.T;
-      const float* qh = q + t * qs + h * d.hd;
-      const float* kh = kc + (h / g) * d.max_len * d.hd;
-      const float* vh = vc + (h / g) * d.max_len * d.hd;
-      const float* b = bias ? bias + t * d.S : nullptr;
-      float mx = -INFINITY;
-      for (int64_t s = 0; s < d.S; ++s) {
-        if (b && b[s] == -INFINITY) {
-          p[s] = -INFINITY;
-          continue;
+      const int64_t j = i / tasks, r0 = (i % tasks) * kRows, nr = std::min(kRows, rows - r0);
+      const float* kh = kc + j * d.max_len * d.hd;
+      const float* vh = vc + j * d.max_len * d.hd;
+      int64_t longest = 0;
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t h = j * g + (r0 + r) / d.T, t = (r0 + r) % d.T;
+        qr[r] = q + t * qs + h * d.hd;
+        orow[r] = out + t * d.heads * d.hd + h * d.hd;
+        br[r] = bias ? bias + t * d.S : nullptr;
+        end[r] = d.S;
+        while (br[r] && end[r] > 1 && br[r][end[r] - 1] == -INFINITY) --end[r];
+        longest = std::max(longest, end[r]);
+      }
+      for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // scores q . k
+        for (int64_t r = 0; r < nr; ++r) {
+          float* p = scores.data() + r * d.S;
+          const int64_t c1 = std::min(c0 + kChunk, end[r]);
+          int64_t s = c0;
+          for (; s + 8 <= c1; s += 8) {
+            __m256 a[8];
+            for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
+            for (int64_t v = 0; v < V; ++v) {
+              const __m256 qv = _mm256_loadu_ps(qr[r] + 8 * v);
+#pragma GCC unroll 8
+              for (int k = 0; k < 8; ++k)
+                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kh + (s + k) * d.hd + 8 * v), a[k]);
+            }
+            _mm256_storeu_ps(p + s, sums8(a));
+          }
+          for (; s < c1; ++s) {
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t v = 0; v < V; ++v)
+              a = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + 8 * v),
+                                  _mm256_loadu_ps(kh + s * d.hd + 8 * v), a);
+            p[s] = sum1(a);
+          }
         }
-        F acc = Simd::zero();
-        for (int64_t j = 0; j < V; ++j)
-          acc = Simd::fmadd(Simd::load(qh + j * L), Simd::load(kh + s * d.hd + j * L), acc);
-        p[s] = Simd::sum(acc, Simd::zero()) * scale + (b ? b[s] : 0.f);
-        mx = std::max(mx, p[s]);
+      for (int64_t r = 0; r < nr; ++r) {  // softmax weights, unnormalized
+        float* p = scores.data() + r * d.S;
+        const int64_t S = end[r];
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {
+          p[s] = p[s] * scale + (br[r] ? br[r][s] : 0.f);
+          mx = std::max(mx, p[s]);
+        }
+        const __m256 vmx = _mm256_set1_ps(mx);
+        int64_t s = 0;
+        for (; s + 8 <= S; s += 8)
+          _mm256_storeu_ps(p + s, vexp(_mm256_sub_ps(_mm256_loadu_ps(p + s), vmx)));
+        if (s < S) {  // tail: pad with -inf (exp -> 0) through a scratch vector
+          alignas(32) float tail[8];
+          for (int64_t k = 0; k < 8; ++k) tail[k] = s + k < S ? p[s + k] : -INFINITY;
+          _mm256_store_ps(tail, vexp(_mm256_sub_ps(_mm256_load_ps(tail), vmx)));
+          for (int64_t k = 0; s + k < S; ++k) p[s + k] = tail[k];
+        }
+        total[r] = 0.f;
+        for (int64_t k = 0; k < S; ++k) total[r] += p[k];
+        std::memset(orow[r], 0, d.hd * sizeof(float));
       }
-      const F vmx = Simd::set1(mx);
-      int64_t s = 0;
-      for (; s + L <= d.S; s += L) Simd::store(&p[s], vexp(Simd::sub(Simd::load(&p[s]), vmx)));
-      if (s < d.S) {  // tail: pad with -inf (exp -> 0) through a scratch vector
-        float tail[64];
-        for (int64_t j = 0; j < L; ++j) tail[j] = s + j < d.S ? p[s + j] : -INFINITY;
-        Simd::store(tail, vexp(Simd::sub(Simd::load(tail), vmx)));
-        for (int64_t j = 0; s + j < d.S; ++j) p[s + j] = tail[j];
+      for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // weighted values, accumulated in out
+        for (int64_t r = 0; r < nr; ++r) {
+          const float* p = scores.data() + r * d.S;
+          __m256 acc[16];
+          for (int64_t v = 0; v < V; ++v) acc[v] = _mm256_loadu_ps(orow[r] + 8 * v);
+          for (int64_t k = c0; k < std::min(c0 + kChunk, end[r]); ++k) {
+            if (p[k] == 0.f) continue;
+            const __m256 pk = _mm256_set1_ps(p[k]);
+            for (int64_t v = 0; v < V; ++v)
+              acc[v] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vh + k * d.hd + 8 * v), acc[v]);
+          }
+          for (int64_t v = 0; v < V; ++v) _mm256_storeu_ps(orow[r] + 8 * v, acc[v]);
+        }
+      for (int64_t r = 0; r < nr; ++r) {
+        const __m256 inv = _mm256_set1_ps(1.f / total[r]);
+        for (int64_t v = 0; v < V; ++v)
+          _mm256_storeu_ps(orow[r] + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(orow[r] + 8 * v), inv));
       }
-      float total = 0.f;
-      for (int64_t k = 0; k < d.S; ++k) total += p[k];
-      F acc[8];
-      for (int64_t j = 0; j < V; ++j) acc[j] = Simd::zero();
-      for (int64_t k = 0; k < d.S; ++k) {
-        if (p[k] == 0.f) continue;
-        const F pk = Simd::set1(p[k]);
-        for (int64_t j = 0; j < V; ++j)
-          acc[j] = Simd::fmadd(pk, Simd::load(vh + k * d.hd + j * L), acc[j]);
-      }
-      const F inv = Simd::set1(1.f / total);
-      float* o = out + t * d.heads * d.hd + h * d.hd;
-      for (int64_t j = 0; j < V; ++j) Simd::store(o + j * L, Simd::mul(acc[j], inv));
     }
   });
 }
 
 void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
-  const int64_t L = Simd::kLanes;
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < I; i += L) {
-      const F g = Simd::load(gu + t * 2 * I + i), u = Simd::load(gu + t * 2 * I + I + i);
-      const F e = vexp(Simd::sub(Simd::zero(), g));
-      const F sig = Simd::div(Simd::set1(1.f), Simd::add(Simd::set1(1.f), e));
-      Simd::store(out + t * I + i, Simd::mul(Simd::mul(g, sig), u));
+    for (int64_t i = 0; i < I; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gu + t * 2 * I + i), u = _mm256_loadu_ps(gu + t * 2 * I + I + i);
+      const __m256 e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 sig = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+      _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
     }
 }
 
-torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& dm) {
-  return product(Q4Blocks{codes.data_ptr<uint8_t>(), dm.data_ptr<float>(), x.size(1) / kGroup},
-                 x, codes.size(0));
-}
-#else
-template <class Weight>
-void scalar_matmul(Weight weight, const float* x, int64_t M, int64_t K, float* y, int64_t N) {
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t r = 0; r < M; ++r) {
-        float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s += weight(n, k) * x[r * K + k];
-        y[r * N + n] = s;
-      }
-  });
-}
 #endif
 
 void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
-           int64_t codes_per_row, int64_t scales_per_row) {
+           int64_t N, int64_t bytes, int64_t scales_per_block) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(),
               "x must be a contiguous 2-D float32 tensor, got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(x.size(1) % kGroup == 0, "x has ", x.size(1), " inputs; need a multiple of 32");
-  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2 && codes.size(1) == codes_per_row,
-              "codes must be contiguous [N, ", codes_per_row, "], got ", codes.sizes());
+  const int64_t G = (N + 7) / 8, B = x.size(1) / kGroup;
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 3 && codes.size(0) == G &&
+                  codes.size(1) == B && codes.size(2) == bytes,
+              "codes must be contiguous [", G, ", ", B, ", ", bytes, "] for ", N, " outputs and ",
+              x.size(1), " inputs, got ", codes.sizes());
   TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat &&
-                  scales.numel() == codes.size(0) * scales_per_row,
-              "scales must be contiguous float32 with ", codes.size(0) * scales_per_row,
+                  scales.numel() == G * B * scales_per_block,
+              "scales must be contiguous float32 with ", G * B * scales_per_block,
               " values, got ", scales.sizes());
 }
 
 }  // namespace
 
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor dm) {
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  check(x, codes, dm, K / 2, 2 * (K / kGroup));
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
+  check(x, codes, scales, N, 128, 16);
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "q4 codes must be uint8");
 #ifdef LOWBIT_SIMD
-  return q4_matmul(x, codes, dm);
+  return q4_matmul(x, codes, scales, N);
 #else
-  auto y = torch::empty({M, N}, x.options());
-  const uint8_t* q = codes.data_ptr<uint8_t>();
-  const float* s = dm.data_ptr<float>();
-  scalar_matmul([=](int64_t n, int64_t k) {
-    const int64_t b = n * (K / kGroup) + k / kGroup, j = k % kGroup;
-    const uint8_t byte = q[b * 16 + (j % 16)];
-    return s[2 * b] * float(j < 16 ? byte & 15 : byte >> 4) + s[2 * b + 1];
-  }, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-  return y;
+  TORCH_CHECK(false, "the q4 kernels need AVX2 + FMA");
 #endif
 }
 
-torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor d) {
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  check(x, codes, d, K, K / kGroup);
+torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
+  check(x, codes, scales, N, 256, 8);
   TORCH_CHECK(codes.scalar_type() == torch::kInt8, "q8 codes must be int8");
 #ifdef LOWBIT_SIMD
-  return product(Q8Blocks{codes.data_ptr<int8_t>(), d.data_ptr<float>(), K / kGroup}, x, N);
+  return q8_matmul(x, codes, scales, N);
 #else
-  auto y = torch::empty({M, N}, x.options());
-  const int8_t* q = codes.data_ptr<int8_t>();
-  const float* s = d.data_ptr<float>();
-  scalar_matmul([=](int64_t n, int64_t k) {
-    return s[n * (K / kGroup) + k / kGroup] * float(q[n * K + k]);
-  }, x.data_ptr<float>(), M, K, y.data_ptr<float>(), N);
-  return y;
+  TORCH_CHECK(false, "the q8 kernels need AVX2 + FMA");
 #endif
 }
 
@@ -433,21 +458,20 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   const int64_t T = h.size(0), H = h.size(1), hd = kv.size(3);
   TORCH_CHECK(kv.is_contiguous() && kv.size(0) == 2 * layers && kv.size(1) == kv_heads,
               "kv must be contiguous [2 * layers, kv_heads, max_len, head_dim]");
-  TORCH_CHECK(hd % Simd::kLanes == 0 && hd <= 8 * Simd::kLanes, "head_dim ", hd, " unsupported");
-  Dims d{T, heads, kv_heads, hd, weights[first - 4].size(0) / 2, start + T, kv.size(2)};
+  TORCH_CHECK(hd % 8 == 0 && hd <= 128, "head_dim ", hd, " unsupported");
+  Dims d{T, heads, kv_heads, hd, weights[first - 4].size(0) * 8 / 2, start + T, kv.size(2)};
   TORCH_CHECK(d.S <= d.max_len, "rows past the cache");
-  TORCH_CHECK(d.inter % Simd::kLanes == 0, "intermediate size unsupported");
+  TORCH_CHECK(d.inter % 8 == 0, "intermediate size unsupported");
   const float* b = nullptr;
   if (bias.numel()) {
     TORCH_CHECK(bias.is_contiguous() && bias.size(0) == T && bias.size(1) == d.S,
                 "bias must be [T, start + T]");
     b = bias.data_ptr<float>();
   }
+  // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups
   auto mm = [q8](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& s) {
-    if (q8)
-      return product(Q8Blocks{codes.data_ptr<int8_t>(), s.data_ptr<float>(), x.size(1) / kGroup},
-                     x, codes.size(0));
-    return q4_matmul(x, codes, s);
+    const int64_t N = codes.size(0) * 8;
+    return q8 ? q8_matmul(x, codes, s, N) : q4_matmul(x, codes, s, N);
   };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
   auto aux = torch::empty({T, int64_t(aux_ids.size()) * H}, h.options());
@@ -510,8 +534,8 @@ bool vectorized() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_linear", &q4_linear, "x [M, K] f32 @ q4 weight [N, K]^T -> [M, N]");
-  m.def("q8_linear", &q8_linear, "x [M, K] f32 @ q8 weight [N, K]^T -> [M, N]");
+  m.def("q4_linear", &q4_linear, "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
+  m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers for one sequence");
   m.def("vectorized", &vectorized, "built with the AVX2 + FMA kernels");
 }

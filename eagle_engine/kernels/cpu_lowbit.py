@@ -2,15 +2,16 @@
 
 No library does this job well on these CPUs: PyTorch's `_weight_int4pack_mm_for_cpu` unpacks
 the weights again for every 4 activation rows and is slow with fp32 activations, the only fast
-activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels multiply fp32
-activations by weights kept in GGUF block formats (q4: Q4_1 codes with a scale and a minimum per
-32 inputs; q8: Q8_0 codes with a scale), unpack each block once for up to 4 activation rows,
-and give every row the same bits it would get alone. `load()` compiles them with
+float activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels keep the
+weights in GGUF block formats (q4: Q4_1 codes with a scale and a minimum per 32 inputs; q8: Q8_0
+codes with a scale), quantize each activation row to int8 per block of 32 (as llama.cpp does)
+and multiply in integers with AVX2, each weight block loaded once for up to 4 activation rows;
+every row gets the bits it would get alone. `load()` compiles them with
 `torch.utils.cpp_extension` for this machine (`-march=native`) into the user cache, in a folder
 keyed by the torch version, the compiler flags, the source and the CPU's vector flags, so a
-later start only loads the built module. The `*_reference` functions dequantize and call
-`F.linear`: the tests hold the kernels to them. Not here: packing a model's weights
-(`models/cpu_lowbit.py`).
+later start only loads the built module. The `*_reference` functions compute the same product
+in float64 from the dequantized weight and the dequantized int8 activations: the tests hold
+the kernels to them. Not here: packing a model's weights (`models/cpu_lowbit.py`).
 """
 from __future__ import annotations
 
@@ -24,25 +25,13 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError, cache_root, compiler_available
+from ..config import ConfigError, cache_root, compiler_available, cpu_flags
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 GROUP = 32  # inputs per block (scale, minimum)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
-
-
-def cpu_flags() -> tuple[str, ...]:
-    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    present = set(line.split(":", 1)[-1].split())
-    return tuple(f for f in CPU_FLAGS if f in present)
 
 
 def build_dir(flags: list[str]) -> Path:
@@ -52,24 +41,24 @@ def build_dir(flags: list[str]) -> Path:
 
 
 @cache
-def load(avx2_only: bool = False) -> ModuleType:
-    """The compiled module (built on the first call on this machine, ~1 min on 2 cores).
-    `avx2_only` builds the AVX2 kernels even on an AVX-512 CPU (the tests check both)."""
+def load() -> ModuleType:
+    """The compiled module (built on the first call on this machine, ~1 min on 2 cores)."""
     if not compiler_available():
         raise ConfigError("the q4 CPU weights need a C++ compiler (g++) to build their kernel "
                           "at first use; install g++ or choose --weights dense")
+    if not {"avx2", "fma"} <= set(cpu_flags()):
+        raise ConfigError(f"the q4 CPU kernels need AVX2 and FMA; this CPU has {cpu_flags()}; "
+                          "choose --weights dense")
     from torch.utils.cpp_extension import load as load_extension
 
-    flags = FLAGS + (["-mno-avx512f"] if avx2_only else [])
-    out = build_dir(flags)
+    out = build_dir(FLAGS)
     out.mkdir(parents=True, exist_ok=True)
     fresh = not any(out.glob("*.so"))
     t0 = time.perf_counter()
     if fresh:
         log.info("building the CPU low-bit kernels in %s (first start only)", out)
-    name = "eagle_cpu_lowbit_avx2" if avx2_only else "eagle_cpu_lowbit"
     try:
-        module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
+        module = load_extension("eagle_cpu_lowbit", [str(SOURCE)], extra_cflags=FLAGS,
                                 extra_ldflags=["-fopenmp"], build_directory=str(out),
                                 verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
@@ -80,35 +69,104 @@ def load(avx2_only: bool = False) -> ModuleType:
     return module
 
 
-def q4_linear(x: torch.Tensor, codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 @ q4 weight [N, K]^T -> [M, N]; codes [N, K/2] uint8, dm [N, K/32, 2]."""
-    return load().q4_linear(x, codes, dm)
+def q4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> torch.Tensor:
+    """x [M, K] float32 @ q4 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q4`)."""
+    return load().q4_linear(x, codes, scales, n)
 
 
-def q8_linear(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 @ q8 weight [N, K]^T -> [M, N]; codes [N, K] int8, d [N, K/32]."""
-    return load().q8_linear(x, codes, d)
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> torch.Tensor:
+    """x [M, K] float32 @ q8 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q8`)."""
+    return load().q8_linear(x, codes, scales, n)
 
 
-def q4_dequantize(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
-    """codes [N, K/2] uint8, dm [N, K/32, 2] -> weight [N, K] float32 (w = d*q + m, fused as
-    the kernel does: one rounding)."""
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [G * 8, ...] with zero rows appended (the kernels work on groups of 8)."""
+    extra = -t.shape[0] % 8
+    return torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) if extra else t
+
+
+def pack_q4(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Natural Q4_1 codes [N, K/2] and scales [N, 2, K/32] -> the kernel's layout, 8 columns
+    together (see `cpu_lowbit.cpp`): codes [G, B, 128] uint8, byte (g, b, 32p + 4j + i) =
+    code(8g+j, 32b+8p+i) | code(8g+j, 32b+8p+4+i) << 4; scales [G, B, 2, 8]."""
+    c = _pad_rows(unpack_nibbles(codes))  # [G*8, K] values 0..15
+    G, B = c.shape[0] // 8, c.shape[1] // GROUP
+    c = c.view(G, 8, B, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [G, B, p, j, i, half]
+    packed = c[..., 0] | (c[..., 1] << 4)
+    s = _pad_rows(scales).view(G, 8, 2, B).permute(0, 3, 2, 1)  # [G, B, 2, 8]
+    return packed.reshape(G, B, 128).contiguous(), s.contiguous()
+
+
+def unpack_q4(codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_q4`: natural codes [n, K/2] and scales [n, 2, K/32]."""
+    G, B = codes.shape[:2]
+    c = codes.view(G, B, 4, 8, 4)  # [G, B, p, j, i]
+    c = torch.stack([c & 15, c >> 4], -1)  # [G, B, p, j, i, half]
+    c = c.permute(0, 3, 1, 2, 5, 4).reshape(G * 8, B * GROUP)[:n]  # [n, K]
+    natural = c.view(n, B, 2, GROUP // 2)
+    natural = natural[:, :, 0] | (natural[:, :, 1] << 4)  # [n, B, 16]
+    s = scales.permute(0, 3, 2, 1).reshape(G * 8, 2, B)[:n]
+    return natural.reshape(n, B * GROUP // 2).contiguous(), s.contiguous()
+
+
+def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Natural Q8_0 codes [N, K] int8 and scales [N, K/32] -> codes [G, B, 256], element
+    (g, b, 32s + 4j + i) = code(8g+j, 32b+4s+i), and scales [G, B, 8]."""
+    c = _pad_rows(codes)
+    G, B = c.shape[0] // 8, c.shape[1] // GROUP
+    packed = c.view(G, 8, B, 8, 4).permute(0, 2, 3, 1, 4)  # [G, B, s, j, i]
+    s = _pad_rows(scales).view(G, 8, B).permute(0, 2, 1)  # [G, B, 8]
+    return packed.reshape(G, B, 256).contiguous(), s.contiguous()
+
+
+def unpack_q8(codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_q8`: natural codes [n, K] and scales [n, K/32]."""
+    G, B = codes.shape[:2]
+    c = codes.view(G, B, 8, 8, 4).permute(0, 3, 1, 2, 4).reshape(G * 8, B * GROUP)[:n]
+    return c.contiguous(), scales.permute(0, 2, 1).reshape(G * 8, B)[:n].contiguous()
+
+
+def unpack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Natural Q4_1 codes [N, K/2] -> [N, K] uint8 values 0..15 (input j of a block in the low
+    nibble of byte j, input j + 16 in its high nibble)."""
     N = codes.shape[0]
     blocks = codes.view(N, -1, GROUP // 2)  # [N, K/32, 16]
-    q = torch.cat([blocks & 15, blocks >> 4], dim=-1).float()  # [N, K/32, 32]
-    d, m = dm[..., :1].double(), dm[..., 1:].double()
-    return (q.double() * d + m).float().view(N, -1)
+    return torch.cat([blocks & 15, blocks >> 4], dim=-1).view(N, -1)
 
 
-def q8_dequantize(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] int8, d [N, K/32] -> weight [N, K] float32."""
+def q4_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes [N, K/2] uint8, scales [N, 2, K/32] -> weight [N, K] float32 (w = dw*c + m)."""
     N = codes.shape[0]
-    return (codes.view(N, -1, GROUP).float() * d[..., None]).view(N, -1)
+    c = unpack_nibbles(codes).view(N, -1, GROUP).double()  # [N, K/32, 32]
+    dw, m = scales[:, 0, :, None].double(), scales[:, 1, :, None].double()
+    return (c * dw + m).float().view(N, -1)
 
 
-def q4_linear_reference(x: torch.Tensor, codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, q4_dequantize(codes, dm))
+def q8_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] int8, scales [N, K/32] -> weight [N, K] float32."""
+    N = codes.shape[0]
+    return (codes.view(N, -1, GROUP).float() * scales[..., None]).view(N, -1)
 
 
-def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, q8_dequantize(codes, d))
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 -> the activations the kernels multiply, [M, K] float64: per row and
+    block of 32, d = absmax / 127 and q = round-half-even(x * (1 / d)), giving d * q."""
+    M, K = x.shape
+    blocks = x.view(M, K // GROUP, GROUP)
+    d = blocks.abs().amax(-1, keepdim=True) / 127  # [M, K/32, 1]
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
+    return ((blocks * inv).round().double() * d.double()).view(M, K)
+
+
+def q4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    w = q4_dequantize(codes, scales).double()
+    return F.linear(quantize_activations(x), w).float()
+
+
+def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    w = q8_dequantize(codes, scales).double()
+    return F.linear(quantize_activations(x), w).float()

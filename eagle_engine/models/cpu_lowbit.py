@@ -10,7 +10,8 @@ recovers a Q8_0 block (scale = absmax / 127). Any other weight is quantized, los
 
 `quantize_target(model)` swaps the target's linears for `LowBitLinear` modules whose weights
 live only as codes (a quarter of fp32's bytes for q4, about a third for q8) and are multiplied
-by the C++ kernels of `kernels/cpu_lowbit.py` with fp32 activations; `quantize_head` does the
+by the C++ kernels of `kernels/cpu_lowbit.py` (activations quantized to int8 per block of
+32 inside each call, as llama.cpp does); `quantize_head` does the
 same to a head's linears with q8 codes. Not here: the kernels, or choosing this format
 (`EngineConfig.weights`).
 """
@@ -24,7 +25,8 @@ from ..kernels.cpu_lowbit import GROUP
 
 
 def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> codes [N, K/2] uint8 (Q4_1 nibble order), dm [N, K/32, 2] float32."""
+    """weight [N, K] -> codes [N, K/2] uint8 (Q4_1 nibble order), scales [N, 2, K/32] float32
+    (the scale of each block, then its minimum)."""
     N, K = weight.shape
     w = weight.float().view(N, K // GROUP, GROUP)
     low, high = w.amin(-1), w.amax(-1)  # [N, K/32]
@@ -32,7 +34,7 @@ def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     step = torch.where(scale > 0, scale, 1.0)[..., None]
     q = ((w - low[..., None]) / step).round().clamp(0, 15).to(torch.uint8)  # [N, K/32, 32]
     codes = q[..., :GROUP // 2] | (q[..., GROUP // 2:] << 4)  # [N, K/32, 16]
-    return codes.reshape(N, K // 2).contiguous(), torch.stack([scale, low], -1).contiguous()
+    return codes.reshape(N, K // 2).contiguous(), torch.stack([scale, low], 1).contiguous()
 
 
 def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,8 +58,11 @@ class LowBitLinear(nn.Module):
             raise ValueError(f"{kind} weights need in_features % {GROUP} == 0, got "
                              f"{self.out_features}x{self.in_features}")
         self.kind = kind
-        codes, scales = quantize_q4(weight) if kind == "q4" else quantize_q8(weight)
-        self.register_buffer("codes", codes, persistent=False)
+        if kind == "q4":
+            codes, scales = cpu_lowbit.pack_q4(*quantize_q4(weight))
+        else:
+            codes, scales = cpu_lowbit.pack_q8(*quantize_q8(weight))
+        self.register_buffer("codes", codes, persistent=False)  # packed 8 columns together
         self.register_buffer("scales", scales, persistent=False)
         bias = getattr(linear, "bias", None)
         self.bias = None if bias is None else bias.detach().float()
@@ -65,16 +70,18 @@ class LowBitLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] float32 -> [..., out]. Inference only."""
-        out = self.matmul(x.reshape(-1, self.in_features).contiguous(), self.codes, self.scales)
+        out = self.matmul(x.reshape(-1, self.in_features).contiguous(), self.codes, self.scales,
+                          self.out_features)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, [out, in] float32 (the tests' reference)."""
+        n = self.out_features
         if self.kind == "q4":
-            return cpu_lowbit.q4_dequantize(self.codes, self.scales)
-        return cpu_lowbit.q8_dequantize(self.codes, self.scales)
+            return cpu_lowbit.q4_dequantize(*cpu_lowbit.unpack_q4(self.codes, self.scales, n))
+        return cpu_lowbit.q8_dequantize(*cpu_lowbit.unpack_q8(self.codes, self.scales, n))
 
 
 def quantize_target(model: nn.Module) -> dict[str, int]:
@@ -116,8 +123,6 @@ class FusedDecoder:
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
     reference) otherwise."""
 
-    MAX_ROWS = 32  # longer inputs (prefills) run the Python layers: SDPA attention, GEMMs
-
     def __init__(self, model: nn.Module) -> None:
         cfg = model.cfg
         self.heads, self.kv_heads, self.eps = cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
@@ -136,18 +141,21 @@ class FusedDecoder:
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """Low-bit layers without biases, head_dim and intermediate size in whole vectors."""
+        """Low-bit layers without biases, of whole groups of 8 outputs, head_dim and
+        intermediate size in whole vectors."""
         cfg = model.cfg
         linears = [m for layer in model.layers for m in (layer.self_attn.qkv_proj,
                    layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        return (all(isinstance(m, LowBitLinear) and m.bias is None for m in linears)
+        return (all(isinstance(m, LowBitLinear) and m.bias is None and m.out_features % 8 == 0
+                    for m in linears)
                 and len({m.kind for m in linears}) == 1 and cpu_lowbit.load().vectorized()
-                and cfg.head_dim % 16 == 0 and cfg.head_dim <= 128
-                and cfg.intermediate_size % 16 == 0)
+                and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
+                and cfg.intermediate_size % 8 == 0)
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
-        """One sequence of fewer than `MAX_ROWS` tokens, rows written from `start`."""
-        return ids.shape[0] == 1 and ids.shape[1] < self.MAX_ROWS and cache_rows is None
+        """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
+        prefill alike, so a row's numbers never depend on which of them computed it)."""
+        return ids.shape[0] == 1 and cache_rows is None
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, start: int, mask: torch.Tensor | None,
