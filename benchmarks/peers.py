@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/peers.py --prompts ../shared/data/prompts/mtbench.jsonl \
         [--limit 3] [--max-new-tokens 128] [--rounds 2] [--json out.json]
 
-Systems: our plain decoding and our EAGLE-3 (default head, each format's default tree) for every
+Systems: our plain decoding and our EAGLE-3 (default head; each format's default tree: the one
+`python -m eagle_engine tune` measured fastest on this machine when cached) for every
 target weight format this machine supports (q4; dense fp32; dense bf16 where bf16 is native),
 `transformers.generate` with the bundled GGUF loaded directly in fp32 and in bf16, and
 llama.cpp's plain decoding of the same GGUF through `llama-cpp-python` when it imports. Every
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from eagle_engine import autotune
 from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.config import cpu_flags
@@ -120,7 +122,9 @@ def main() -> None:
                                                dtype=dtype))
         label = engine.config.weights_label
         engines[label] = engine
-        tree = engine.config.default_tree
+        if (tuned := autotune.cached([engine], DEFAULT_HEAD)) is not None:
+            autotune.apply([engine], tuned)  # the tree `tune` measured fastest here
+        tree = engine.default_tree
         systems[f"ours plain, {label}"] = ours(engine, None, n)
         systems[f"ours EAGLE-3, {label} (k{tree.topk} s{tree.num_steps} "
                 f"n{tree.num_draft_tokens})"] = ours(engine, DEFAULT_HEAD, n)

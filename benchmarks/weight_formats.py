@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/weight_formats.py [--context 300] [--repeats 21] \
         [--sizes 1,4,8,16]
 
-Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, fp32 activations, `models/cpu_lowbit.py`),
+Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, int8 activations, `models/cpu_lowbit.py`),
 the same without the fused C++ decoder (its Python layers, one kernel call per linear), dense
 fp32, and dense bf16 where the CPU has native bf16. Forward times are medians of
 interleaved rounds after warm-up at `--context` tokens of cache (`bench.interleaved_medians`).

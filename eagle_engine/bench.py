@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import autotune
 from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
 from .config import ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
@@ -221,8 +222,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     engine = EagleEngine.load(replace(config, drafts=tuple(specs)) if specs else config)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    tree = tree_params(args, engine.config)
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
+    if heads and (tuned := autotune.cached([engine], heads[0])) is not None:
+        autotune.apply([engine], tuned)  # the default tree measured on this machine
+    tree = tree_params(args, engine.default_tree)
     runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
     if args.other_weights_trees:
         other = EagleEngine.load(replace(engine.config, dtype=args.dtype, weights=(

@@ -1,4 +1,4 @@
-"""Command line: `python -m eagle_engine {generate,inspect-draft,bench,train,selfcheck} ...`.
+"""Command line: `python -m eagle_engine {generate,tune,inspect-draft,bench,train,selfcheck}`.
 
 Parses arguments into `EngineConfig` / `SamplingParams` / `TreeParams` and hands them to the
 library; bad input becomes one readable line on stderr and exit code 2, never a traceback.
@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from . import autotune
 from .cli_args import (add_engine_args, add_sampling_args, add_tree_args, engine_config, pick_head,
                        tree_params)
 from .config import ConfigError, SamplingParams
@@ -24,11 +25,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             stop=tuple(args.stop))
     config = engine_config(args, need_draft=not args.no_spec)
-    tree = tree_params(args, config)
     t0 = time.perf_counter()
     engine = EagleEngine.load(config)
     startup = time.perf_counter() - t0
     head = None if args.no_spec else pick_head(engine, args.draft)
+    if head and (tuned := autotune.cached([engine], head)) is not None:
+        autotune.apply([engine], tuned)
+    tree = tree_params(args, engine.default_tree)
     prompt_ids = engine.encode(args.prompt)
     print(f"[startup] {startup:.2f}s (resolve/convert {engine.load_times['resolve_s']:.2f}s, "
           f"load {engine.load_times['load_s']:.2f}s)", file=sys.stderr)
@@ -48,6 +51,24 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(result.text)
         print(f"[{len(result.token_ids)} tokens, {result.stats.tokens_per_s:.1f} tok/s, "
               f"tau {result.stats.tau:.2f}, finished: {result.finished}]", file=sys.stderr)
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    """Measure the fastest weights and tree here (`autotune.tune`), cache and print them."""
+    from dataclasses import asdict, replace
+
+    from .engine import EagleEngine
+
+    config = engine_config(args)
+    engines = [EagleEngine.load(config)]
+    if config.device == "cpu" and not args.single_weights:
+        other = "dense" if config.weights == "q4" else "q4"
+        engines.append(EagleEngine.load(replace(config, weights=other),
+                                        tokenizer=engines[0].tokenizer))
+    head = pick_head(engines[0], args.draft)
+    tuned = autotune.tune(engines, head, refresh=True)
+    print(json.dumps(asdict(tuned), indent=1))
+    print(f"{tuned.order[0]}: {tuned.summary(tuned.order[0])}", file=sys.stderr)
 
 
 def cmd_inspect_draft(args: argparse.Namespace) -> None:
@@ -72,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per line")
     g.add_argument("--events", action="store_true", help="with --json: one line per step")
     g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("tune", help="measure the fastest target weights and tree on this "
+                       "machine and cache them (the app does this at its first start)")
+    add_engine_args(t)
+    t.add_argument("--single-weights", action="store_true",
+                   help="measure only --weights, not also the other format")
+    t.set_defaults(func=cmd_tune)
 
     i = sub.add_parser("inspect-draft", help="print the resolved config of an EAGLE-3 head")
     i.add_argument("path")

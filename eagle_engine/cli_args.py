@@ -24,23 +24,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-packed-weights", action="store_true",
                    help="CPU: use plain F.linear instead of oneDNN-packed weights")
     p.add_argument("--weights", default="auto", choices=WEIGHTS,
-                   help="target weights: q4 (CPU: the GGUF's 4-bit codes, fp32 activations), "
-                   "dense (in --dtype); auto: q4 for a GGUF target on CPU, else dense")
+                   help="target weights: q4 (CPU: the GGUF's 4-bit codes, int8 activations), "
+                   "dense (in --dtype); auto: q4 for a GGUF target on a CPU with AVX2, else "
+                   "dense")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
+    where = "; the fastest measured on this machine once `tune` has run"
     p.add_argument("--topk", type=int, default=None,
-                   help=f"default {TreeParams().topk}, with q4 weights {Q4_TREE.topk}")
+                   help=f"default {TreeParams().topk}, with q4 weights {Q4_TREE.topk}{where}")
     p.add_argument("--num-steps", type=int, default=None,
-                   help=f"default {TreeParams().num_steps}, with q4 weights {Q4_TREE.num_steps}")
+                   help=f"default {TreeParams().num_steps}, with q4 weights "
+                   f"{Q4_TREE.num_steps}{where}")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
-                   f"{Q4_TREE.num_draft_tokens}")
+                   f"{Q4_TREE.num_draft_tokens}{where}")
 
 
-def tree_params(args: argparse.Namespace, config: EngineConfig) -> TreeParams:
-    """The tree flags given, the rest from `config.default_tree`."""
-    base = config.default_tree
+def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
+    """The tree flags given, the rest from `base` (an engine's default tree: measured on this
+    machine by `autotune` when cached, else `EngineConfig.default_tree`)."""
     return TreeParams(base.topk if args.topk is None else args.topk,
                       base.num_steps if args.num_steps is None else args.num_steps,
                       base.num_draft_tokens if args.num_draft_tokens is None

@@ -93,7 +93,8 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
     if weights == "q4" and dtype not in ("auto", "fp32"):
-        raise ConfigError(f"q4 target weights run with fp32 activations; dtype {dtype!r} needs "
+        raise ConfigError(f"q4 target weights run with float32 activations (quantized to int8 "
+                          f"inside each product); dtype {dtype!r} needs "
                           "--weights dense")
     return weights
 
@@ -352,7 +353,8 @@ class EngineConfig:
     `max_len` caps the context (and sizes every cache and RoPE table); `packed_weights` pre-packs
     dense linear weights for oneDNN on CPU (`models/cpu_pack.py`); `weights` is how the target
     holds its linears: `dense` in `dtype`, or `q4` on CPU (`models/cpu_lowbit.py`: the GGUF's
-    4-bit codes, fp32 activations, so `dtype` is fp32); `auto` resolves on construction
+    4-bit codes; float32 activations, quantized to int8 inside each product, so `dtype` is
+    fp32); `auto` resolves on construction
     (`resolve_weights`)."""
 
     target: str = "bundled"

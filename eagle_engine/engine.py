@@ -96,6 +96,8 @@ class EagleEngine:
         self.cache = target.new_cache(max_len=config.max_len)
         self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
+        self.default_tree = config.default_tree  # the measured fastest after `autotune.apply`
+        self.tuned = None  # autotune.Tuned once measured or read from the cache
         self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
     @classmethod
@@ -172,11 +174,11 @@ class EagleEngine:
                tree: TreeParams | None = None, head: str | None = None,
                trace: bool = True) -> Iterator[StepEvent]:
         """Yield one event per iteration. `head=None` runs the baseline (target only); `tree`
-        defaults to `config.default_tree` (the measured best for the target's weights).
+        defaults to `self.default_tree` (the measured best for the target's weights).
         `trace` adds the verified tree and the rejected drafts (for the UI) to each event.
         Run time in the stats is the engine's own: time the caller holds an event (a UI drawing
         a frame) is not counted, so tokens/s and speedups do not depend on the consumer."""
-        tree = tree or self.config.default_tree
+        tree = tree or self.default_tree
         self._check_request(prompt_ids, tree, head)
         run = _Run(self, prompt_ids, params, tree, head, trace)
         for ev in run.loop():

@@ -348,7 +348,7 @@ def model_rows(args: argparse.Namespace) -> list[Row]:
 
     config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
                           device="cuda", max_len=args.max_len)
-    tree = tree_params(args, config)
+    tree = tree_params(args, config.default_tree)
     try:
         loaded = EagleEngine.load(config)
         head = pick_head(loaded, args.draft)

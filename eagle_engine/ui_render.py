@@ -60,15 +60,20 @@ def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                                        {"role": "assistant", "content": t["html"]})]
 
 
-def engine_status(config: Any, num_heads: int, weights: Sequence[str]) -> str:
+def engine_status(config: Any, num_heads: int, weights: Sequence[str],
+                  tuned: str | None = None) -> str:
     """Markdown naming the target, heads, device, dtype, the target weights the app holds
-    (`EngineConfig.weights_label` of each) and whether CUDA graphs run."""
+    (`EngineConfig.weights_label` of each), whether CUDA graphs run and, when the fastest
+    weights and tree were measured on this machine (`autotune.Tuned.summary`), what was
+    measured."""
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
     return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
             f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
-            f"{' / '.join(weights)} · **CUDA graphs** {graphs}")
+            f"{' / '.join(weights)} · **CUDA graphs** {graphs}"
+            + (f"  \n**Chosen by measurement** {weights[0]} weights, {html.escape(tuned)}"
+               if tuned else ""))
 
 
 @dataclass

@@ -186,6 +186,16 @@ class FakeEngine:
     """Just enough engine for the app: one head, a fixed answer, and a failure on 'boom'."""
 
     config = EngineConfig(target="fake", dtype="fp32")
+    tuned = None
+    measured_tree: TreeParams | None = None
+
+    @property
+    def default_tree(self) -> TreeParams:  # as EagleEngine's: the config's unless measured
+        return self.measured_tree or self.config.default_tree
+
+    @default_tree.setter
+    def default_tree(self, tree: TreeParams) -> None:
+        self.measured_tree = tree
 
     def __init__(self, events: list[StepEvent]) -> None:
         self.events = events
@@ -243,6 +253,32 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens}
     assert tree.num_draft_tokens == (3 if q4 else 8)
+
+
+def test_measured_choice_sets_sliders_status_and_weights_note(
+        fixed_events: list[StepEvent]) -> None:
+    """After `autotune` (here a fixed measurement): the engines come fastest first, the sliders
+    start at the measured tree, the status line and the weights note say what was measured."""
+    import app
+    from eagle_engine import autotune
+
+    engines = [FakeEngine(fixed_events), FakeEngine(fixed_events)]
+    engines[0].config = EngineConfig(target="fake", dtype="fp32", weights="dense")
+    engines[1].config = EngineConfig(target="fake", weights="q4")
+    tuned = autotune.Tuned("eagle3-aux-1layer", {
+        "fp32": autotune.Measured("fp32", 17.0, {"k4 s3 n8": 18.0}, {"k4 s3 n8": (4, 3, 8)}),
+        "q4": autotune.Measured("q4", 100.0, {"k2 s2 n3": 104.0, "k3 s2 n4": 109.0},
+                                {"k2 s2 n3": (2, 2, 3), "k3 s2 n4": (3, 2, 4)})},
+        ["q4", "fp32"], 21.0, "test CPU")
+    ordered = autotune.apply(engines, tuned)
+    assert [e.config.weights_label for e in ordered] == ["q4", "fp32"]
+    demo = app.build_demo(ordered)
+    blocks = {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
+    assert (blocks["topk"].value, blocks["num-steps"].value, blocks["draft-tokens"].value) == (
+        3, 2, 4)
+    assert "**Chosen by measurement** q4 weights, tree k3 s2 n4 109 tok/s vs plain 100 tok/s" \
+        in blocks["engine-status"].value
+    assert blocks["weights"].info == "measured here (fastest first): q4 109 tok/s, fp32 18 tok/s"
 
 
 def test_target_weights_pick_the_engine_and_its_default_tree(

@@ -255,8 +255,8 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     from eagle_engine.config import Q4_TREE, EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)
-    assert tree_params(args, EngineConfig(weights="dense")) == TreeParams()
-    assert tree_params(args, EngineConfig(weights="q4")) == Q4_TREE
+    assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
+    assert tree_params(args, EngineConfig(weights="q4").default_tree) == Q4_TREE
     assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
     args.num_draft_tokens, args.topk = 6, 2
-    assert tree_params(args, EngineConfig(weights="q4")) == TreeParams(2, 2, 6)
+    assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(2, 2, 6)

@@ -190,7 +190,7 @@ def test_smollm2_greedy_matches_transformers(bundled_dir: Path, smol_tokenizer: 
                           do_sample=False, max_new_tokens=32)[0, len(ids):].tolist()
         ref_logits = hf(torch.tensor([ids])).logits[0, -1]
     engine = EagleEngine.load(EngineConfig(target="bundled", drafts=(), dtype="fp32",
-                                           max_len=256), smol_tokenizer)
+                                           weights="dense", max_len=256), smol_tokenizer)
     out = engine.target(torch.tensor([ids]), torch.arange(len(ids))[None],
                         engine.target.new_cache(max_len=len(ids)), 0,
                         causal_mask(len(ids), 0, "cpu"), last_only=True)

@@ -1,0 +1,68 @@
+"""`autotune`: the measured choice of weights and tree, cached per machine.
+
+On tiny engines: `tune` measures plain decoding and the candidate trees, keeps only trees whose
+greedy output equals plain decoding, orders the weight formats by speed, caches the result
+(a second call reads it without decoding) and `apply` gives each engine its fastest tree.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle_engine import autotune
+from eagle_engine.config import TreeParams
+from tests.helpers import tiny_engine
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+@pytest.fixture()
+def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
+    monkeypatch.setattr(autotune, "CANDIDATES", {"q4": ((2, 2, 3), (1, 2, 3)),
+                                                 "dense": ((4, 3, 8), (2, 2, 4))})
+
+
+@pytest.mark.usefixtures("quick")
+def test_tune_measures_caches_and_applies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    engine = tiny_engine(tmp_path, max_len=128, vocab_size=256)
+    tuned = autotune.tune([engine], "head")
+    m = tuned.measured["fp32"]
+    assert tuned.order == ["fp32"] and m.plain_tok_s > 0
+    assert set(m.tree_tok_s) | set(m.incorrect) == {"k4 s3 n8", "k2 s2 n4"}
+    assert not m.incorrect  # greedy speculation equals plain decoding on every tree
+    best = m.best_tree()
+    assert best in (TreeParams(4, 3, 8), TreeParams(2, 2, 4))
+    assert autotune.cache_path([engine], "head").exists()
+    assert f"tree {autotune.tree_label(best)}" in tuned.summary("fp32")
+
+    def no_decoding(*_: object) -> None:
+        raise AssertionError("a cached measurement decoded again")
+    monkeypatch.setattr(autotune, "_speeds", no_decoding)
+    again = autotune.tune([engine], "head")
+    assert again.measured["fp32"].tree_tok_s == m.tree_tok_s
+    assert autotune.apply([engine], again) == [engine]
+    assert engine.default_tree == best and engine.tuned is again
+    out = engine.generate(engine.encode("hi"), autotune.SamplingParams(max_new_tokens=4),
+                          head="head", keep_events=True)  # the engine's tree: the measured one
+    assert {len(ev.tree) for ev in out.events if ev.tree} == {best.num_draft_tokens}
+
+
+@pytest.mark.usefixtures("quick")
+def test_incorrect_trees_are_never_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """A tree whose output differs from plain decoding (simulated) is reported and skipped."""
+    engine = tiny_engine(tmp_path, max_len=128, vocab_size=256)
+    real = engine.generate
+
+    def wrong_for_k2(ids, params, tree=None, head=None, **kw):  # noqa: ANN001, ANN202
+        out = real(ids, params, tree, head, **kw)
+        if tree == TreeParams(2, 2, 4):
+            out.token_ids = [t + 1 for t in out.token_ids]
+        return out
+    monkeypatch.setattr(engine, "generate", wrong_for_k2)
+    m = autotune.tune([engine], "head").measured["fp32"]
+    assert m.incorrect == ["k2 s2 n4"] and m.best_tree() == TreeParams(4, 3, 8)
