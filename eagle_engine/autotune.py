@@ -40,7 +40,7 @@ PROMPTS = ("Write a short Python function that reverses a string, and explain it
 NEW_TOKENS = 48
 ROUNDS = 2
 CANDIDATES = {  # per weights label; the static default is always among them
-    "q4": ((2, 2, 3), (1, 2, 3), (3, 2, 4), (2, 3, 4)),
+    "q4": ((2, 2, 3), (1, 1, 2), (2, 1, 3), (1, 2, 3), (3, 2, 4)),
     "dense": ((4, 3, 8), (4, 3, 6), (2, 3, 4)),
 }
 

@@ -31,7 +31,6 @@ constexpr int64_t kGroup = 32;
 #ifdef LOWBIT_SIMD
 #define LOWBIT_INLINE __attribute__((always_inline)) inline
 
-
 // ---- Low-bit products with int8 activations --------------------------------------------------
 // Each call first quantizes its activation rows per block of 32 inputs, as llama.cpp does for
 // its Q4_1 / Q8_0 dot products (a Q8_1 block): d = absmax / 127, q = round-half-even(x / d) as
@@ -246,8 +245,8 @@ LOWBIT_INLINE float sum1(__m256 a) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-// One decoder layer stack of a Llama-family target for one sequence, fp32 activations and q4
-// weights (the fused form of `models/target.py`'s layers; `models/cpu_lowbit.py` decides when
+// One decoder layer stack of a Llama-family target for one sequence, float32 activations (int8
+// inside the products) and q4 weights (the fused form of `models/target.py`'s layers; `models/cpu_lowbit.py` decides when
 // it applies). Per layer: RMSNorm, qkv, RoPE (rotate-half), KV rows [start, start+T) written,
 // grouped-query attention over rows [0, start+T) with an additive bias, o_proj, residual,
 // RMSNorm, gate_up, SiLU * up, down, residual. Each query row's numbers depend only on that
