@@ -60,7 +60,7 @@ class Measured:
     incorrect: list[str] = field(default_factory=list)
 
     def best_tree(self) -> TreeParams | None:
-        """The fastest correct tree, or None when no tree beat nothing (none measured)."""
+        """The fastest correct tree measured, or None when none was."""
         if not self.tree_tok_s:
             return None
         return TreeParams(*self.trees[max(self.tree_tok_s, key=self.tree_tok_s.__getitem__)])
@@ -83,14 +83,15 @@ class Tuned:
         """One line for the status bar: why this weight format and tree."""
         m = self.measured[weights]
         tree = m.best_tree()
-        what = f"tree {tree_label(tree)} {m.tree_tok_s[tree_label(tree)]:.0f} tok/s vs plain " \
-            if tree else "plain "
+        what = "plain "
+        if tree is not None:
+            label = tree_label(tree)
+            what = f"tree {label} {m.tree_tok_s[label]:.0f} tok/s vs plain "
         others = ", ".join(f"{w} {self.measured[w].best_tok_s():.0f}" for w in self.order
                            if w != weights)
-        return (f"{what}{m.plain_tok_s:.0f} tok/s" + (f"; other weights: {others} tok/s"
-                                                      if others else "")
+        return (f"{what}{m.plain_tok_s:.0f} tok/s"
+                + (f"; other weights: {others} tok/s" if others else "")
                 + f" (measured here at first start, {self.seconds:.0f} s)")
-
 
     def weights_info(self) -> str:
         """The measured speed of each weight format, fastest first (the sidebar's note)."""
