@@ -344,7 +344,9 @@ class TreeParams:
         return self.topk + (self.num_steps - 1) * self.topk * self.topk
 
 
-Q4_TREE = TreeParams(2, 2, 3)  # q4 target weights: README.md, "Results", tree sweep
+# q4 target weights: the fastest of the AVX-512 Xeon's sweep (docs/results.md, section 4); the
+# app and `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`)
+Q4_TREE = TreeParams(2, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,7 @@ class EngineConfig:
 
     @property
     def default_tree(self) -> TreeParams:
-        """The fastest tree of the measured sweeps for these weights (docs/results.md, "Tree
-        sweep"): with q4 weights a tree row costs more compute than a dense one."""
+        """The static default tree for these weights, from the measured sweeps (docs/results.md,
+        "Tree sweep"): with q4 weights a tree row costs more compute than a dense one. An
+        engine's `default_tree` replaces it with the tree `autotune` measured on this machine."""
         return Q4_TREE if self.weights == "q4" else TreeParams()
