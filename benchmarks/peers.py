@@ -23,7 +23,6 @@ import argparse
 import datetime
 import importlib.util
 import json
-import platform
 import subprocess
 import time
 from collections.abc import Callable
@@ -32,19 +31,11 @@ from pathlib import Path
 import torch
 
 from eagle_engine import autotune
-from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
+from eagle_engine.config import EngineConfig, SamplingParams, cpu_flags, cpu_model, native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.config import cpu_flags
 from eagle_engine.models.loader import bundled_gguf_path
 
 Decode = Callable[[list[int]], int]  # prompt ids -> tokens decoded
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def conversations(engine: EagleEngine, rows: list[dict], n: int) -> list[list[int]]:
@@ -122,8 +113,7 @@ def main() -> None:
                                                dtype=dtype))
         label = engine.config.weights_label
         engines[label] = engine
-        if (tuned := autotune.cached([engine], DEFAULT_HEAD)) is not None:
-            autotune.apply([engine], tuned)  # the tree `tune` measured fastest here
+        autotune.use_cached(engine, DEFAULT_HEAD)  # the tree `tune` measured fastest here
         tree = engine.default_tree
         systems[f"ours plain, {label}"] = ours(engine, None, n)
         systems[f"ours EAGLE-3, {label} (k{tree.topk} s{tree.num_steps} "

@@ -21,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from .config import SamplingParams, TreeParams, cache_root, cpu_flags
+from .config import SamplingParams, TreeParams, cache_root, cpu_flags, cpu_model
 from .kernels.cpu_lowbit import SOURCE
 
 log = logging.getLogger(__name__)
@@ -107,15 +106,6 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
                       config.target, config.device, head, torch.get_num_threads(), CANDIDATES,
                       PROMPTS, NEW_TOKENS])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.machine())
 
 
 def cached(engines: list, head: str | None) -> Tuned | None:
@@ -198,6 +188,13 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
 
 def astuple(tree: TreeParams) -> tuple[int, int, int]:
     return tree.topk, tree.num_steps, tree.num_draft_tokens
+
+
+def use_cached(engine, head: str | None) -> None:  # noqa: ANN001 - EagleEngine
+    """Give `engine` the tree measured fastest here for `head`, when a measurement is cached
+    (`generate`, `bench` and `peers.py` measure nothing themselves)."""
+    if head and (tuned := cached([engine], head)) is not None:
+        apply([engine], tuned)
 
 
 def apply(engines: list, tuned: Tuned) -> list:

@@ -223,8 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
-    if heads and (tuned := autotune.cached([engine], heads[0])) is not None:
-        autotune.apply([engine], tuned)  # the default tree measured on this machine
+    autotune.use_cached(engine, heads[0] if heads else None)
     tree = tree_params(args, engine.default_tree)
     runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
     if args.other_weights_trees:

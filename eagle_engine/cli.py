@@ -29,8 +29,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     engine = EagleEngine.load(config)
     startup = time.perf_counter() - t0
     head = None if args.no_spec else pick_head(engine, args.draft)
-    if head and (tuned := autotune.cached([engine], head)) is not None:
-        autotune.apply([engine], tuned)
+    autotune.use_cached(engine, head)
     tree = tree_params(args, engine.default_tree)
     prompt_ids = engine.encode(args.prompt)
     print(f"[startup] {startup:.2f}s (resolve/convert {engine.load_times['resolve_s']:.2f}s, "

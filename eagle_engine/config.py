@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,16 @@ def cpu_flags() -> tuple[str, ...]:
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     present = set(line.split(":", 1)[-1].split())
     return tuple(f for f in CPU_FLAGS if f in present)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (`platform.machine()` off Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
+                platform.machine())
 
 
 def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:

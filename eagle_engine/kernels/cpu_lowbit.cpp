@@ -19,16 +19,15 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LOWBIT_SIMD 1
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the low-bit kernels need AVX2 and FMA (cpu_lowbit.load() checks the CPU before building)"
 #endif
+#include <immintrin.h>
 
 namespace {
 
 constexpr int64_t kGroup = 32;
 
-#ifdef LOWBIT_SIMD
 #define LOWBIT_INLINE __attribute__((always_inline)) inline
 
 // ---- Low-bit products with int8 activations --------------------------------------------------
@@ -394,8 +393,6 @@ void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
     }
 }
 
-#endif
-
 void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
            int64_t N, int64_t bytes, int64_t scales_per_block) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(),
@@ -417,23 +414,14 @@ void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tens
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 128, 16);
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "q4 codes must be uint8");
-#ifdef LOWBIT_SIMD
   return q4_matmul(x, codes, scales, N);
-#else
-  TORCH_CHECK(false, "the q4 kernels need AVX2 + FMA");
-#endif
 }
 
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 256, 8);
   TORCH_CHECK(codes.scalar_type() == torch::kInt8, "q8 codes must be int8");
-#ifdef LOWBIT_SIMD
   return q8_matmul(x, codes, scales, N);
-#else
-  TORCH_CHECK(false, "the q8 kernels need AVX2 + FMA");
-#endif
 }
-
 
 // A layer stack for one sequence (see `attention` above): the target's decoder layers (q4
 // codes, `embeds` empty) or an EAGLE-3 head's layers (q8 codes; its first layer reads
@@ -446,7 +434,6 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
                                          torch::Tensor bias, std::vector<torch::Tensor> weights,
                                          int64_t heads, int64_t kv_heads, double eps,
                                          std::vector<int64_t> aux_ids, bool q8) {
-#ifdef LOWBIT_SIMD
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [T, H] float32");
   const bool draft = embeds.numel() > 0;
   const int64_t per_layer = 10, first = draft ? 11 : 10;
@@ -519,22 +506,10 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   }
   capture(layers);
   return {h, aux};
-#else
-  TORCH_CHECK(false, "fused_decoder needs AVX2 + FMA");
-#endif
-}
-
-bool vectorized() {
-#ifdef LOWBIT_SIMD
-  return true;
-#else
-  return false;
-#endif
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
   m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers for one sequence");
-  m.def("vectorized", &vectorized, "built with the AVX2 + FMA kernels");
 }

@@ -148,7 +148,7 @@ class FusedDecoder:
                    layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         return (all(isinstance(m, LowBitLinear) and m.bias is None and m.out_features % 8 == 0
                     for m in linears)
-                and len({m.kind for m in linears}) == 1 and cpu_lowbit.load().vectorized()
+                and len({m.kind for m in linears}) == 1
                 and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
                 and cfg.intermediate_size % 8 == 0)
 
