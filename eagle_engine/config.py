@@ -1,10 +1,10 @@
 """Configuration: the single source of truth for model shapes and request parameters.
 
-Owns `TargetConfig` (Llama-family shapes read from an HF config), `DraftConfig` (EAGLE-3 head
-config resolution: number of aux states, aux layer ids, widths, vocab), `SamplingParams` and
-`TreeParams` (validated in `__post_init__`). Does not own weights, tensors or any I/O besides
-parsing a config dict. Widths of hidden-state buffers are answered by `io_struct`'s
-`hidden_size_for` / `dtype_for`, which read these classes.
+Owns `TargetConfig` (Llama-family and Qwen3 shapes read from an HF config), `DraftConfig`
+(EAGLE-3 head config resolution: number of aux states, aux layer ids, widths, vocab),
+`SamplingParams` and `TreeParams` (validated in `__post_init__`). Does not own weights, tensors
+or any I/O besides parsing a config dict. Widths of hidden-state buffers are answered by
+`io_struct`'s `hidden_size_for` / `dtype_for`, which read these classes.
 """
 from __future__ import annotations
 
@@ -128,7 +128,9 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    """Shapes of a Llama-family target model (Llama, SmolLM, Qwen2-style attention bias)."""
+    """Shapes of a Llama-family target model (Llama, SmolLM, Mistral, Qwen2-style attention
+    bias) or a Qwen3 dense one (`qk_norm`: a per-head RMSNorm over head_dim on q and k before
+    RoPE, with `rms_norm_eps`)."""
 
     vocab_size: int
     hidden_size: int
@@ -144,6 +146,7 @@ class TargetConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
+    qk_norm: bool = False
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> TargetConfig:
@@ -153,13 +156,18 @@ class TargetConfig:
         if missing:
             raise ConfigError(f"{source}: missing required keys {missing}")
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-        if cfg.get("model_type", "llama") not in ("llama", "qwen2", "mistral") or not (
+        model_type = cfg.get("model_type", "llama")
+        if model_type not in ("llama", "qwen2", "mistral", "qwen3") or not (
             arch.endswith("ForCausalLM")
         ):
             raise ConfigError(
                 f"{source}: unsupported architecture {arch!r} / model_type "
-                f"{cfg.get('model_type')!r}; supported: Llama-family (llama, qwen2, mistral)"
+                f"{cfg.get('model_type')!r}; supported: Llama-family (llama, qwen2, mistral) "
+                "and Qwen3 dense (qwen3)"
             )
+        if cfg.get("use_sliding_window"):
+            raise ConfigError(f"{source}: use_sliding_window=true (sliding-window attention, "
+                              f"window {cfg.get('sliding_window')}) is not supported")
         theta, scaling = _rope_params(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -171,14 +179,17 @@ class TargetConfig:
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            # transformers' Qwen3Config defaults head_dim to 128, not hidden / heads
+            head_dim=int(cfg.get("head_dim")
+                         or (128 if model_type == "qwen3" else cfg["hidden_size"] // heads)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             eos_token_ids=eos_ids,
+            qk_norm=model_type == "qwen3",
         )
 
     def default_aux_layer_ids(self) -> tuple[int, ...]:
@@ -187,9 +198,41 @@ class TargetConfig:
         return tuple(sorted({min(2, L - 1), L // 2, max(L - 3, 0)}))
 
 
+SPECULATORS_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_fc", "fc_norm",
+                    "norm_output", "eagle_aux_hidden_state_layer_ids")
+
+
+def _flatten_speculators(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """A vllm-project/speculators Eagle3 config -> the flat HF layout, as vLLM's
+    `speculators/algos.py:update_eagle3` does: the draft layer's Llama config
+    (`transformer_layer_config`) plus the head keys; `norm_before_residual` defaults to true
+    there when absent. `eagle_aux_hidden_state_layer_ids` stay top level (layer INPUT ids)."""
+    kind = cfg.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ConfigError(f"{source}: speculators_model_type {kind!r} is not supported "
+                          "(only 'eagle3')")
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ConfigError(f"{source}: speculators config needs a transformer_layer_config "
+                          f"object, got {type(layer).__name__}")
+    layer_type = layer.get("model_type", "llama")
+    if layer_type != "llama":
+        raise ConfigError(f"{source}: transformer_layer_config model_type {layer_type!r} is "
+                          "not supported; the head's layer must be a Llama layer ('llama')")
+    flat = {k: v for k, v in layer.items() if k not in ("eagle_config", *SPECULATORS_KEYS)}
+    flat.update({k: cfg[k] for k in SPECULATORS_KEYS if cfg.get(k) is not None})
+    flat["norm_before_residual"] = cfg.get("norm_before_residual", True)
+    return flat
+
+
 @dataclass(frozen=True)
 class DraftConfig:
-    """Resolved EAGLE-3 head config. `aux_layer_ids` are target layer INPUT indices."""
+    """Resolved EAGLE-3 head config. `aux_layer_ids` are target layer INPUT indices.
+
+    Reads the HF layout (SGLang / SpecForge / EAGLE / AngelSlim: shapes at the top level, aux
+    ids in `eagle_config` as layer OUTPUT indices) and the vllm-project/speculators layout
+    (`speculators_model_type`, see `_flatten_speculators`). `norm_before_residual`,
+    `norm_before_fc` and `norm_output` follow vLLM's `llama_eagle3.py`."""
 
     hidden_size: int
     intermediate_size: int
@@ -209,10 +252,17 @@ class DraftConfig:
     fc_norm: bool
     fc_bias: bool
     attention_bias: bool
+    norm_before_residual: bool = False  # layer 0's residual is hidden_norm(h), not h
+    norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the concatenated aux states
+    norm_output: bool = False  # the recycled hidden is norm(h), not the pre-norm h
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> DraftConfig:
+        speculators = "speculators_model_type" in cfg
+        raw = dict(cfg)
+        if speculators:
+            cfg = _flatten_speculators(cfg, source)
         required = ["hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"]
         missing = [k for k in required if k not in cfg]
         if missing:
@@ -229,8 +279,12 @@ class DraftConfig:
             num_aux = 3
         if not use_aux:
             num_aux = 1
-        # Config ids are 0-indexed layer OUTPUTS; we capture layer INPUTS, hence +1.
-        aux_ids = tuple(int(i) + 1 for i in out_ids) if (out_ids is not None and use_aux) else None
+        # HF config ids are 0-indexed layer OUTPUTS (SGLang adds 1); we capture layer INPUTS,
+        # hence +1. vLLM, which speculators' training captures with, reads its ids as layer
+        # INPUTS (`aux_hidden_state_layers`: the residual stream before layer `idx`).
+        offset = 0 if speculators else 1
+        aux_ids = (tuple(int(i) + offset for i in out_ids)
+                   if (out_ids is not None and use_aux) else None)
         if aux_ids is not None and len(aux_ids) != num_aux:
             raise ConfigError(f"{source}: num_aux_hidden_states={num_aux} but "
                               f"eagle_aux_hidden_state_layer_ids has {len(aux_ids)} entries")
@@ -257,7 +311,10 @@ class DraftConfig:
             fc_norm=bool(cfg.get("fc_norm", cfg.get("use_aux_norm", False))),
             fc_bias=bool(cfg.get("bias", False)),
             attention_bias=bool(cfg.get("attention_bias", False)),
-            raw=dict(cfg),
+            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+            norm_before_fc=bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+            norm_output=bool(cfg.get("norm_output", False)),
+            raw=raw,
         )
 
     def resolve_aux_layer_ids(self, target: TargetConfig) -> tuple[int, ...]:

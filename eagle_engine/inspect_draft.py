@@ -4,7 +4,9 @@ Reads the head's config.json and only the tensor headers (names, shapes, dtypes)
 no tensor data is loaded and no target is needed. The tensors go through the loader's own name
 normalization on the meta device, so the report shows exactly what `load_draft` would build, and
 a checkpoint `load_draft` would refuse is refused here with the same kind of message. With a
-target, the head is also checked against it and default aux layers are resolved.
+target, the head is also checked against it and default aux layers are resolved. The report
+names the published convention the config follows (`config_convention`: speculators, AngelSlim,
+SGLang / SpecForge, EAGLE) and the naming of its tensors.
 Not here: loading a head for inference (`models/draft_io.py`).
 """
 from __future__ import annotations
@@ -48,6 +50,19 @@ def read_tensor_headers(directory: Path, allow_pickle: bool
     return names, out
 
 
+def config_convention(cfg: DraftConfig) -> str:
+    """Which published config layout the head's config.json follows."""
+    if "speculators_model_type" in cfg.raw:
+        return ("vllm-project/speculators (transformer_layer_config; aux ids are layer inputs, "
+                "as vLLM reads them)")
+    arch = (cfg.raw.get("architectures") or ["unknown"])[0]
+    if arch == "Eagle3LlamaForCausalLM":
+        return "AngelSlim Eagle3LlamaForCausalLM (HF layout; aux ids are layer outputs)"
+    if arch == "LlamaForCausalLMEagle3":
+        return "SGLang / SpecForge LlamaForCausalLMEagle3 (HF layout; aux ids are layer outputs)"
+    return f"EAGLE HF layout, architecture {arch} (aux ids are layer outputs)"
+
+
 def naming_convention(names: list[str]) -> str:
     bare = [n.removeprefix("model.") for n in names]
     if any(re.match(r"midlayer\.\d+\.", n) for n in bare):
@@ -86,7 +101,7 @@ def parameter_counts(model: Eagle3Draft) -> dict[str, int]:
         group = name.split(".", 1)[0]
         if group == "embed_tokens":
             continue
-        key = "fc" if group == "fc_norm" else group
+        key = "fc" if group in ("fc_norm", "input_norm") else group
         counts[key] = counts.get(key, 0) + p.numel()
     counts["total"] = sum(counts.values())
     return counts
@@ -133,6 +148,7 @@ def inspect_draft(path: str | Path, target: str | None = None, allow_pickle: boo
     lines = [
         f"EAGLE-3 draft head: {directory}",
         f"architecture: {(cfg.raw.get('architectures') or ['unknown'])[0]}",
+        f"convention: {config_convention(cfg)}",
         f"weights: {files} (names: {naming_convention(list(raw))}; dtype: {', '.join(stored)})",
         f"layers: {cfg.num_layers}",
         f"hidden_size: {cfg.hidden_size}, intermediate_size: {cfg.intermediate_size}, "
@@ -144,6 +160,9 @@ def inspect_draft(path: str | Path, target: str | None = None, allow_pickle: boo
         *aux_lines(cfg, target_cfg),
         f"fc_norm: {str(cfg.fc_norm and cfg.use_aux_hidden_state).lower()}",
         f"fc bias: {str(cfg.fc_bias and cfg.use_aux_hidden_state).lower()}",
+        f"norm_before_fc: {str(cfg.norm_before_fc and cfg.use_aux_hidden_state).lower()}",
+        f"norm_before_residual: {str(cfg.norm_before_residual).lower()}",
+        f"norm_output (recycled hidden is normed): {str(cfg.norm_output).lower()}",
         f"target_hidden_size: {cfg.target_hidden_size}",
         f"vocab: target {cfg.vocab_size}, draft {cfg.draft_vocab_size} "
         f"(d2t: {'in checkpoint' if 'd2t' in sd else 'absent, identity'})",

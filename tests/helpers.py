@@ -1,5 +1,5 @@
-"""Tiny random models for tests: an HF Llama target saved to disk, our own modules built from
-it, and random EAGLE-3 heads in any checkpoint convention."""
+"""Tiny random models for tests: an HF Llama or Qwen3 target saved to disk, our own modules
+built from it, and random EAGLE-3 heads in any checkpoint convention."""
 from __future__ import annotations
 
 import json
@@ -91,11 +91,34 @@ def save_head(model: Eagle3Draft, target_cfg: TargetConfig, directory: Path) -> 
     return directory
 
 
+def make_hf_qwen3_target(directory: Path, seed: int = 0, weight_scale: float = 3.0,
+                         **overrides) -> Path:
+    """Save a random transformers Qwen3ForCausalLM (safetensors) into `directory`: `TINY`
+    shapes with head_dim 16 (not hidden / heads = 8) unless overridden, every norm weight
+    (q_norm and k_norm included) random around 1, matrices times `weight_scale` (see
+    `make_hf_target`)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**TINY, "head_dim": 16, **overrides})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.mul_(weight_scale)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
 def tiny_engine(tmp: Path, heads: dict[str, dict] | None = None, dtype: str = "fp32",
                 max_len: int = 256, seed: int = 0, weight_scale: float = 3.0,
-                weights: str = "auto", **target_overrides) -> EagleEngine:
-    """Engine over a tiny random target with random heads (name -> random_head kwargs)."""
-    target_dir = make_hf_target(tmp / "target", seed, weight_scale, **target_overrides)
+                weights: str = "auto", family: str = "llama",
+                **target_overrides) -> EagleEngine:
+    """Engine over a tiny random target (`family` llama: `make_hf_target`, qwen3:
+    `make_hf_qwen3_target`) with random heads (name -> random_head kwargs)."""
+    make = {"llama": make_hf_target, "qwen3": make_hf_qwen3_target}[family]
+    target_dir = make(tmp / "target", seed, weight_scale, **target_overrides)
     target = load_target(target_dir, torch.float32, "cpu", max_len)
     paths = []
     for name, kw in (heads or {"head": {}}).items():

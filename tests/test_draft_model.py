@@ -2,10 +2,13 @@
 
 For one token over an empty cache, attention has a single key (softmax = 1, so the attention
 output is o_proj of the value projection, whatever RoPE does); everything else is written out
-with plain tensor ops: fc_norm per aux chunk, fc, residual taken BEFORE hidden_norm, the
+with plain tensor ops: input_norm over the concatenated aux states (norm_before_fc), fc_norm per
+aux chunk, fc, residual taken BEFORE hidden_norm (or after it, with norm_before_residual), the
 (embeds, hidden) concat order, SwiGLU MLP, later plain layers, final norm, lm_head. Then the
-recycled hidden must be the pre-norm one, and every level of `draft()` (K > 1, exact ancestry)
-must equal a sequential per-path re-computation.
+recycled hidden must be the pre-norm one (the normed one with norm_output), each of those three
+flags must change the outputs, a q8 head with norm_before_residual must not take the fused C++
+layers (they have no such residual), and every level of `draft()` (K > 1, exact ancestry) must
+equal a sequential per-path re-computation.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from eagle_engine.accept import extend
 from eagle_engine.config import DraftConfig, TargetConfig, TreeParams
 from eagle_engine.draft import draft
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
+from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.draft_model import Eagle3Draft
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -34,7 +38,13 @@ HEADS = {
     "aux4_three_layers": dict(num_hidden_layers=3, num_aux_hidden_states=4,
                               eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 4, 6]}),
     "aux_off": dict(hidden_size=24, eagle_config={"use_aux_hidden_state": False}),
+    "norm_before_residual": dict(norm_before_residual=True),
+    "norm_before_fc_norm_output_two_layers": dict(
+        num_hidden_layers=2, norm_output=True, eagle_config={"norm_before_fc": True}),
 }
+NORM_FLAGS = {"norm_before_residual": dict(norm_before_residual=True),
+              "norm_before_fc": dict(eagle_config={"norm_before_fc": True}),
+              "norm_output": dict(norm_output=True)}
 
 
 def make_head(seed: int = 0, **overrides: object) -> Eagle3Draft:
@@ -79,9 +89,11 @@ def mlp(layer: torch.nn.Module, h: torch.Tensor, eps: float) -> torch.Tensor:
 
 def reference_first_token(model: Eagle3Draft, token: int, features: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """features [W] target features -> (logits [Vd], pre-norm hidden [Hd]), by hand."""
+    """features [W] target features -> (logits [Vd], recycled hidden [Hd]), by hand."""
     cfg, eps = model.cfg, model.cfg.rms_norm_eps
     if cfg.use_aux_hidden_state:
+        if cfg.norm_before_fc:
+            features = rms(features, model.input_norm.weight, eps)  # one norm over all [A*Ht]
         chunks = features.chunk(cfg.num_aux)
         if cfg.fc_norm:
             chunks = [rms(c, n.weight, eps) for c, n in zip(chunks, model.fc_norm)]
@@ -91,16 +103,18 @@ def reference_first_token(model: Eagle3Draft, token: int, features: torch.Tensor
     else:
         h = features
     layer0 = model.layers[0]
-    residual = h  # taken before hidden_norm
+    normed = rms(h, layer0.hidden_norm.weight, eps)
+    residual = normed if cfg.norm_before_residual else h  # vLLM `_norm_before_residual`
     x = torch.cat([rms(model.embed_tokens.weight[token], layer0.input_layernorm.weight, eps),
-                   rms(h, layer0.hidden_norm.weight, eps)])  # (embeds, hidden)
+                   normed])  # (embeds, hidden)
     h = residual + single_key_attention(layer0.self_attn, x, cfg)
     h = h + mlp(layer0, h, eps)
     for layer in model.layers[1:]:
         h = h + single_key_attention(layer.self_attn, rms(h, layer.input_layernorm.weight, eps),
                                      cfg)
         h = h + mlp(layer, h, eps)
-    return rms(h, model.norm.weight, eps) @ model.lm_head.weight.T, h
+    final = rms(h, model.norm.weight, eps)
+    return final @ model.lm_head.weight.T, (final if cfg.norm_output else h)
 
 
 @pytest.fixture(scope="module", params=sorted(HEADS))
@@ -134,9 +148,50 @@ def test_first_forward_matches_hand_reference(head: Eagle3Draft) -> None:
                               head.new_cache(), 0, None, from_target=True)
         torch.testing.assert_close(logits[0, 0], ref_logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(hidden[0, 0], ref_pre, atol=1e-5, rtol=1e-5)
-    # the returned hidden is the PRE-norm one (the final norm changes it)
+    # the returned hidden is the pre-norm one, or the normed one with norm_output: the other
+    # choice differs (norming again changes it too)
     normed = rms(ref_pre, head.norm.weight, head.cfg.rms_norm_eps)
     assert (normed - ref_pre).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("flag", sorted(NORM_FLAGS))
+@torch.no_grad()
+def test_norm_flags_change_the_outputs(flag: str) -> None:
+    """The same weights with and without each flag give other logits or recycled hidden, so
+    the hand reference above really exercises them."""
+    base = make_head()
+    variant = make_head(**NORM_FLAGS[flag])
+    missing, unexpected = variant.load_state_dict(base.state_dict(), strict=False)
+    assert unexpected == [] and missing == (["input_norm.weight"] if flag == "norm_before_fc"
+                                            else [])
+    assert getattr(variant.cfg, flag) and not getattr(base.cfg, flag)
+    feats = features_for(base, 1)
+    outs = [m(torch.tensor([[17]]), feats[None], torch.tensor([[0]]), m.new_cache(), 0, None,
+              from_target=True) for m in (base, variant)]
+    changed = [(a - b).abs().max() for a, b in zip(outs[0], outs[1])]
+    assert max(changed) > 1e-2, changed
+
+
+@torch.no_grad()
+def test_q8_head_with_norm_before_residual_runs_its_python_layers() -> None:
+    """The fused C++ layers take the residual before hidden_norm; a q8 head whose residual is
+    the normed hidden must give what its Python layers give."""
+    from eagle_engine.models.cpu_lowbit import quantize_head
+
+    head = make_head(hidden_size=64, intermediate_size=64, target_hidden_size=64,
+                     norm_before_residual=True)
+    quantize_head(head)
+    assert head.fused is not None
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(1, 5, 3 * 64, generator=g)
+    ids = torch.randint(3, 96, (1, 5), generator=g)
+    outs, fused = [], head.fused
+    for f in (fused, None):
+        head.fused = f
+        outs.append(head(ids, feats, torch.arange(5)[None], head.new_cache(16), 0,
+                         causal_mask(5, 0, "cpu"), from_target=True))
+    for got, want in zip(outs[0], outs[1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @torch.no_grad()

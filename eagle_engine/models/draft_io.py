@@ -2,10 +2,15 @@
 
 Reads a directory (or hub id) with config.json and model.safetensors (`pytorch_model.bin` only
 with `allow_pickle=True`, since it unpickles). Accepted names: `midlayer.*` (official single
-layer), `midlayer.{i}.*` and `layers.{i}.*` (multi-layer exports), optional `model.` prefix,
-legacy `aux_norm_{low,mid,high}`; q/k/v and gate/up are fused on load. Writes our heads as
-`LlamaForCausalLMEagle3` with `midlayer.*` (one layer) or `layers.{i}.*` names, `d2t` and `t2d`,
-so SGLang and vLLM load them unchanged. Not here: the network (`draft_model.py`).
+layer: EAGLE, AngelSlim, Tengyunw), `midlayer.{i}.*` and `layers.{i}.*` (multi-layer exports,
+vllm-project/speculators), optional `model.` prefix, legacy `aux_norm_{low,mid,high}`,
+`input_norm` (norm_before_fc); q/k/v and gate/up are fused on load. Configs: the HF layout and
+the speculators one (`DraftConfig.from_dict`). A head's own `embed_tokens.weight` is used when
+present (speculators saves it); `tie_word_embeddings` of a head's config is not read: AngelSlim's
+Qwen3-1.7B/4B heads set it true beside a `draft_vocab_size`-row `lm_head.weight`, which is the
+head's output layer. Writes our heads as `LlamaForCausalLMEagle3` with `midlayer.*` (one layer)
+or `layers.{i}.*` names, `d2t` and `t2d`, so SGLang and vLLM load them unchanged (SGLang reads
+neither `norm_before_residual` nor `norm_output`). Not here: the network (`draft_model.py`).
 """
 from __future__ import annotations
 
@@ -173,6 +178,9 @@ def draft_config_dict(cfg: DraftConfig, target: TargetConfig, max_len: int,
         "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
         "bias": cfg.fc_bias,
         "fc_norm": cfg.fc_norm,
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_output": cfg.norm_output,
         "eagle_config": {"use_aux_hidden_state": cfg.use_aux_hidden_state,
                          **({"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux]}
                             if aux else {})},

@@ -1,10 +1,13 @@
 """The EAGLE-3 draft network (multi-layer, configurable aux states, reduced draft vocabulary).
 
-    h      = fc(cat_i fc_norm_i(aux_i))        # target features -> draft width (skipped when aux off)
-    layer0 : res = h; x = cat(input_layernorm(embed(ids)), hidden_norm(h))   # [.., 2*Hd]
+    a      = input_norm(cat_i aux_i)            # only with norm_before_fc   [.., A*Ht]
+    h      = fc(cat_i fc_norm_i(a_i))   # target features -> draft width (skipped when aux off)
+    layer0 : n = hidden_norm(h); res = n if norm_before_residual else h
+             x = cat(input_layernorm(embed(ids)), n)    # [.., 2*Hd]
              h = res + attn(x); h = h + mlp(post_attention_layernorm(h))
     layer i: ordinary pre-norm decoder layers on Hd
-    pre    = h (recycled as the next decode step's hidden); logits = lm_head(norm(pre))  # [.., Vd]
+    pre    = h; logits = lm_head(norm(pre))     # [.., Vd]
+    recycled hidden (the next decode step's input) = pre, or norm(pre) with norm_output
 
 Draft ids map to target ids with `hot_ids = arange(Vd) + d2t` (offsets; zeros = identity).
 Not here: checkpoint IO (`draft_io.py`), tree logic (`draft.py`, `tree.py`).
@@ -20,12 +23,15 @@ from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
 
 
 class DraftLayer(nn.Module):
-    """Layer 0 (`is_input_layer`) reads cat(norm(embeds), norm(hidden)); later layers are plain."""
+    """Layer 0 (`is_input_layer`) reads cat(norm(embeds), norm(hidden)); its residual is the
+    raw hidden, or the normed one with `norm_before_residual` (vLLM `llama_eagle3.py`
+    `_norm_before_residual`, speculators' first layer). Later layers are plain."""
 
     def __init__(self, cfg: DraftConfig, is_input_layer: bool) -> None:
         super().__init__()
         H = cfg.hidden_size
         self.is_input_layer = is_input_layer
+        self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         if is_input_layer:
             self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -40,7 +46,10 @@ class DraftLayer(nn.Module):
                 bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
         if self.is_input_layer:
-            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)
+            normed = self.hidden_norm(h)  # [B, T, H]
+            if self.norm_before_residual:
+                h = normed
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         else:
             x = self.input_layernorm(h)
         h = h + self.self_attn(x, rope, kv, start, bias, cache_rows)
@@ -56,6 +65,8 @@ class Eagle3Draft(nn.Module):
         self.embedding_shared = False  # True once `share_embedding` uses the target's own
         if cfg.use_aux_hidden_state:
             width = cfg.num_aux * cfg.target_hidden_size
+            if cfg.norm_before_fc:
+                self.input_norm = RMSNorm(width, cfg.rms_norm_eps)
             self.fc = nn.Linear(width, cfg.hidden_size, bias=cfg.fc_bias)
             if cfg.fc_norm:
                 self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
@@ -88,6 +99,8 @@ class Eagle3Draft(nn.Module):
         """Target features [.., EagleDraftExtendInput.hidden_size_for] -> [.., hidden_size]."""
         if not self.cfg.use_aux_hidden_state:
             return features
+        if self.cfg.norm_before_fc:
+            features = self.input_norm(features)
         if self.cfg.fc_norm:
             chunks = features.chunk(self.cfg.num_aux, dim=-1)
             features = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
@@ -98,17 +111,23 @@ class Eagle3Draft(nn.Module):
                 from_target: bool, last_only: bool = False,
                 cache_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids/positions [B, T]; hidden [B, T, W] (target features when `from_target`, else the
-        recycled draft hidden). Returns (logits [B, T|1, Vd] float32, pre-norm hidden [B, T, Hd]).
-        `cache_rows` [T]: static-shape cache writes (see `Attention.forward`)."""
+        recycled draft hidden). Returns (logits [B, T|1, Vd] float32, recycled hidden [B, T, Hd]:
+        pre-norm, or normed with `norm_output`). `cache_rows` [T]: static-shape cache writes
+        (see `Attention.forward`). The fused C++ layers have no `norm_before_residual`; such a
+        head runs its Python layers."""
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
-        if self.fused is not None and self.fused.applies(ids, cache_rows):
+        fused = self.fused is not None and not self.cfg.norm_before_residual
+        if fused and self.fused.applies(ids, cache_rows):
             h = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
                            embeds=embeds)[0]
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             for i, layer in enumerate(self.layers):
                 h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
+        if self.cfg.norm_output:
+            h = self.norm(h)  # [B, T, Hd], recycled and read by the lm_head
+            return self.lm_head(h[:, -1:] if last_only else h).float(), h
         logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
         return logits, h

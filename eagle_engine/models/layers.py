@@ -1,4 +1,5 @@
-"""Building blocks shared by the target and the draft: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+"""Building blocks shared by the target and the draft: RMSNorm, RoPE, GQA attention (optionally
+with Qwen3's per-head q/k RMSNorm), SwiGLU MLP.
 
 Attention takes explicit positions, an explicit KV cache slice and an explicit boolean mask; it
 keeps no state of its own. Weights are fused (qkv, gate_up) so a decode step is few kernels.
@@ -77,15 +78,20 @@ class RopeTable:
 
 
 class Attention(nn.Module):
-    """GQA self-attention over an external KV cache. `in_dim` is 2*hidden for the EAGLE input layer."""
+    """GQA self-attention over an external KV cache. `in_dim` is 2*hidden for the EAGLE input layer.
+    `qk_norm_eps` (Qwen3) adds `q_norm` / `k_norm`: RMSNorms over head_dim, each head of q and k
+    normed before RoPE; None (Llama, Qwen2, the heads) has neither."""
 
     def __init__(self, in_dim: int, hidden: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, bias: bool) -> None:
+                 head_dim: int, bias: bool, qk_norm_eps: float | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         out = (num_heads + 2 * num_kv_heads) * head_dim
         self.qkv_proj = nn.Linear(in_dim, out, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        qk_norm = qk_norm_eps is not None
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
@@ -100,7 +106,11 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = self.qkv_proj(x).view(B, T, heads, self.head_dim).transpose(1, 2)  # [B, heads, T, hd]
-        qk = rope.apply(qkv[:, :self.num_heads + self.num_kv_heads])  # one rotation for q and k
+        qk = qkv[:, :self.num_heads + self.num_kv_heads]  # [B, heads + kv_heads, T, hd]
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
+                            self.k_norm(qk[:, self.num_heads:])], dim=1)
+        qk = rope.apply(qk)  # one rotation for q and k
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         k_cache, v_cache = kv

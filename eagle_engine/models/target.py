@@ -1,4 +1,5 @@
-"""The target model: a compact Llama-family decoder (Llama, SmolLM, Qwen2-style bias).
+"""The target model: a compact Llama-family decoder (Llama, SmolLM, Mistral, Qwen2-style bias)
+that also runs Qwen3 dense targets (per-head q/k RMSNorm before RoPE, `TargetConfig.qk_norm`).
 
 `TargetModel.forward` takes token ids, explicit RoPE positions, a KV cache, the cache row to
 write at, and an explicit mask (causal, ragged or tree), and returns logits together with the
@@ -30,7 +31,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg.hidden_size, cfg.hidden_size, cfg.num_heads,
-                                   cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias)
+                                   cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias,
+                                   cfg.rms_norm_eps if cfg.qk_norm else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
