@@ -142,14 +142,16 @@ class FusedDecoder:
     @staticmethod
     def supports(model: nn.Module) -> bool:
         """Low-bit layers without biases, of whole groups of 8 outputs, head_dim and
-        intermediate size in whole vectors, and no per-head q/k norms (Qwen3: the kernel has
-        none, so such a target runs its Python layers over the same q4 linears)."""
+        intermediate size in whole vectors, no per-head q/k norms (Qwen3: the kernel has
+        none, so such a target runs its Python layers over the same q4 linears) and, for a
+        head, the raw hidden as layer 0's residual (no `norm_before_residual`)."""
         cfg = model.cfg
         linears = [m for layer in model.layers for m in (layer.self_attn.qkv_proj,
                    layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         return (all(isinstance(m, LowBitLinear) and m.bias is None and m.out_features % 8 == 0
                     for m in linears)
                 and all(layer.self_attn.q_norm is None for layer in model.layers)
+                and not getattr(cfg, "norm_before_residual", False)
                 and len({m.kind for m in linears}) == 1
                 and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
                 and cfg.intermediate_size % 8 == 0)

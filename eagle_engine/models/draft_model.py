@@ -113,13 +113,11 @@ class Eagle3Draft(nn.Module):
         """ids/positions [B, T]; hidden [B, T, W] (target features when `from_target`, else the
         recycled draft hidden). Returns (logits [B, T|1, Vd] float32, recycled hidden [B, T, Hd]:
         pre-norm, or normed with `norm_output`). `cache_rows` [T]: static-shape cache writes
-        (see `Attention.forward`). The fused C++ layers have no `norm_before_residual`; such a
-        head runs its Python layers."""
+        (see `Attention.forward`)."""
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
-        fused = self.fused is not None and not self.cfg.norm_before_residual
-        if fused and self.fused.applies(ids, cache_rows):
+        if self.fused is not None and self.fused.applies(ids, cache_rows):
             h = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
                            embeds=embeds)[0]
         else:
