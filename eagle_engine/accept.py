@@ -1,28 +1,54 @@
-"""Accept phase: commit the accepted path and refresh the draft.
+"""Accept phase: commit the accepted path, read the iteration's result back, refresh the draft.
 
 `commit` makes the accepted tree rows of the target cache contiguous after the committed prefix
-(rejected rows stay behind as garbage past the committed length; nothing else moves) and builds
-the `EagleDraftExtendInput`. `extend` runs the draft over the accepted tokens paired with the
-target features of the positions before them, which rewrites the draft cache rows that drafting
-used as scratch, and yields the next `EagleDraftInput`. Not here: acceptance rules (`verify.py`).
+(rejected rows stay behind as garbage past the committed length; nothing else moves), on the
+device. `read_back` is the iteration's one host sync: a single packed copy of the emitted
+tokens, the accepted path and, when tracing, the verified tree. `extend_input` pairs the
+accepted tokens with the target features before them, and `extend` runs the draft over them,
+which rewrites the draft cache rows that drafting used as scratch, and yields the next
+`EagleDraftInput`. Not here: acceptance rules (`verify.py`).
 """
 from __future__ import annotations
 
 import torch
 
-from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput, EagleVerifyOutput
+from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
+                        EagleVerifyOutput, VerifyReadback)
 from .kv_cache import KVCache, causal_mask
 from .models.draft_model import Eagle3Draft
 
 
-def commit(vin: EagleVerifyInput, path: torch.Tensor, bonus: int, features: torch.Tensor,
-           cache: KVCache) -> EagleVerifyOutput:
-    """path [n+1] accepted node indices (root first); features [N, W] verify features."""
-    cache.commit_rows(vin.seq_len + path, vin.seq_len)
-    emitted = vin.tokens[path[1:]].tolist() + [bonus]
-    tokens = torch.tensor(emitted, device=vin.tokens.device)
-    extend = EagleDraftExtendInput(tokens=tokens, hidden=features[path], seq_len=vin.seq_len)
-    return EagleVerifyOutput(accepted_nodes=path, emitted=emitted, extend=extend)
+def commit(vin: EagleVerifyInput, vout: EagleVerifyOutput, cache: KVCache) -> None:
+    """Move the accepted path's rows to [seq_len, seq_len + W); slots past the path's end copy a
+    row onto itself (it stays past the committed length), so the copy has a fixed size."""
+    path = vout.accepted_nodes  # [W]
+    slots = torch.arange(path.numel(), device=path.device)
+    cache.commit_rows(vin.seq_len + torch.where(path >= 0, path, slots), vin.seq_len)
+
+
+def read_back(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool) -> VerifyReadback:
+    """One copy to the host: [num_accepted, emitted (W), accepted_nodes (W)] and, with `trace`,
+    the tree's tokens, parents, depth and scores (N each), packed as float64 (exact for token
+    ids below 2^53 and for float32 scores)."""
+    parts = [vout.num_accepted, vout.emitted, vout.accepted_nodes]
+    if trace:
+        parts += [vin.tokens, vin.parents, vin.depth, vin.scores]
+    flat = torch.cat([p.double() for p in parts]).tolist()  # the iteration's one host sync
+    n, W, N = int(flat[0]), vout.emitted.numel(), vin.tokens.numel()
+    ints = [int(x) for x in flat[1:1 + 2 * W + (3 * N if trace else 0)]]
+    tree = ints[2 * W:]
+    return VerifyReadback(emitted=ints[:n + 1], accepted_nodes=ints[W:W + n + 1],
+                          tree_tokens=tree[:N], tree_parents=tree[N:2 * N],
+                          tree_depth=tree[2 * N:], tree_scores=flat[1 + 2 * W + 3 * N:])
+
+
+def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: int,
+                 features: torch.Tensor) -> EagleDraftExtendInput:
+    """features [N, W_h] verify features -> the draft extend's input: the emitted tokens with
+    the features of the accepted nodes (`num_accepted` from `read_back`)."""
+    n = num_accepted + 1
+    return EagleDraftExtendInput(tokens=vout.emitted[:n],
+                                 hidden=features[vout.accepted_nodes[:n]], seq_len=vin.seq_len)
 
 
 @torch.inference_mode()
@@ -37,5 +63,4 @@ def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
                            mask, from_target=True, last_only=True)
     topk_p, topk_idx = torch.softmax(logits[0, -1], -1).topk(topk)
     return EagleDraftInput(topk_p=topk_p, topk_ids=model.hot_ids[topk_idx],
-                           hidden=hidden[0, -1], root=int(ext.tokens[-1]),
-                           seq_len=ext.seq_len + T)
+                           hidden=hidden[0, -1], root=ext.tokens[-1:], seq_len=ext.seq_len + T)

@@ -171,7 +171,7 @@ class DraftDecodeRunner(GraphRunner):
         b = self.buffers
         K = b.num_tokens
         return EagleDraftInput(torch.full_like(b.scores, 1.0 / K), torch.zeros_like(b.ids),
-                               torch.zeros_like(b.hidden[0]), 0, 0)
+                               torch.zeros_like(b.hidden[0]), torch.zeros_like(b.ids[:1]), 0)
 
 
 def draft_decode_static(model: Eagle3Draft, b: GraphBuffers, cache: KVCache,
@@ -249,26 +249,28 @@ class VerifyRunner(TargetRunner):
 
 
 class DecodeRunner(TargetRunner):
-    """The baseline's one-token target decode; input (token, committed length)."""
+    """The baseline's one-token target decode; input (token [1] on the device, committed
+    length)."""
 
     def __init__(self, target: TargetModel, cache: KVCache) -> None:
         super().__init__(target, cache, 1, (), CaptureHidden.NONE)
 
-    def fits(self, inp: tuple[int, int]) -> bool:
+    def fits(self, inp: tuple[torch.Tensor, int]) -> bool:
         return inp[1] < self.cache.max_len
 
-    def replay_prepare(self, inp: tuple[int, int]) -> None:
+    def replay_prepare(self, inp: tuple[torch.Tensor, int]) -> None:
         b = self.buffers
-        b.ids.fill_(inp[0])
+        b.ids.copy_(inp[0])
         b.positions.fill_(inp[1])
         b.cache_rows.fill_(inp[1])
         b.causal_mask_from_rows()
 
-    def slice_out(self, out: tuple[torch.Tensor, None], inp: tuple[int, int]) -> torch.Tensor:
-        return out[0][-1]  # [V] a view, consumed before the next replay
+    def slice_out(self, out: tuple[torch.Tensor, None], inp: tuple[torch.Tensor, int]
+                  ) -> torch.Tensor:
+        return out[0][-1:]  # [1, V] a view, consumed before the next replay
 
-    def dummy_input(self) -> tuple[int, int]:
-        return 0, 0
+    def dummy_input(self) -> tuple[torch.Tensor, int]:
+        return torch.zeros_like(self.buffers.ids), 0
 
 
 class DraftExtendRunner(GraphRunner):
@@ -317,19 +319,19 @@ class DraftExtendRunner(GraphRunner):
                   ext: EagleDraftExtendInput) -> EagleDraftInput:
         topk_p, topk_ids, hidden = out
         return EagleDraftInput(topk_p.clone(), topk_ids.clone(), hidden.clone(),
-                               root=int(ext.tokens[-1]), seq_len=ext.seq_len + ext.tokens.numel())
+                               root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())
 
     def dummy_input(self) -> EagleDraftExtendInput:
         b = self.buffers
         return EagleDraftExtendInput(torch.zeros_like(b.ids), torch.zeros_like(b.hidden), 0)
 
 
-def decode(target: TargetModel, token: int, seq_len: int, cache: KVCache) -> torch.Tensor:
-    """Eager baseline step: `token` at position `seq_len` -> next-token logits [V]."""
-    dev = target.device
-    out = target(torch.tensor([[token]], device=dev), torch.tensor([[seq_len]], device=dev),
-                 cache, seq_len, None)
-    return out.logits[0, -1]
+def decode(target: TargetModel, token: torch.Tensor, seq_len: int, cache: KVCache
+           ) -> torch.Tensor:
+    """Eager baseline step: `token` [1] (on the device) at position `seq_len` -> next-token
+    logits [1, V]."""
+    position = torch.full((1, 1), seq_len, device=token.device)
+    return target(token.view(1, 1), position, cache, seq_len, None).logits[0, -1:]
 
 
 @dataclass(frozen=True)
@@ -339,7 +341,7 @@ class Phases:
     draft: Callable[[Eagle3Draft, EagleDraftInput, KVCache, TreeParams], DraftTree]
     run_target: Callable[[TargetModel, EagleVerifyInput, KVCache, tuple[int, ...]], TreeLogits]
     extend: Callable[[Eagle3Draft, EagleDraftExtendInput, KVCache, int], EagleDraftInput]
-    decode: Callable[[TargetModel, int, int, KVCache], torch.Tensor]
+    decode: Callable[[TargetModel, torch.Tensor, int, KVCache], torch.Tensor]
     draft_cache: KVCache | None = None  # the draft cache the runners are bound to
     mode: GraphMode = GraphMode.EAGER
 
@@ -401,7 +403,7 @@ class GraphPhases:
         runner = self._runner("extend", model, cache, ext) if topk == self.tree.topk else None
         return runner(ext) if runner else extend(model, ext, cache, topk)
 
-    def decode(self, target: TargetModel, token: int, seq_len: int, cache: KVCache
+    def decode(self, target: TargetModel, token: torch.Tensor, seq_len: int, cache: KVCache
                ) -> torch.Tensor:
         runner = self._runner("decode", target, cache, (token, seq_len))
         return runner((token, seq_len)) if runner else decode(target, token, seq_len, cache)

@@ -1,10 +1,14 @@
 """The engine: loads a target with its EAGLE-3 heads and sequences the phases of one request.
 
-    prefill -> extend -> [ draft -> build_tree -> verify -> accept -> commit -> extend ]*
+    prefill -> extend -> [ draft -> build_tree -> verify -> accept -> commit -> read_back
+                           -> extend ]*
 
 `stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
-mode) and `generate()` consumes it. Every request prefills from scratch into caches owned by the
-engine, so a stopped or failed request never leaves state that changes the next answer.
+mode) and `generate()` consumes it. An iteration syncs with the device once: `read_back` copies
+the emitted tokens, the accepted path and the traced tree to the host in one packed copy, and
+the events are built from it (a baseline step reads its one token). Every request prefills from
+scratch into caches owned by the engine, so a stopped or failed request never leaves state that
+changes the next answer.
 Not here: tensor math of the phases (draft/tree/verify/accept modules) or UI concerns.
 """
 from __future__ import annotations
@@ -17,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from .accept import commit
+from .accept import commit, extend_input, read_back
 from .chat import IncrementalDetokenizer, encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
 from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
-from .io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
+from .io_struct import EagleDraftExtendInput, EagleDraftInput, VerifyReadback
 from .kv_cache import causal_mask
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
@@ -32,7 +36,7 @@ from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .sampling import next_token
 from .tree import build_tree
-from .verify import accept_greedy, accept_sampled
+from .verify import greedy_acceptance, sampled_acceptance
 
 log = logging.getLogger(__name__)
 
@@ -249,24 +253,24 @@ class _Run:
         self.step += 1
         return ev
 
-    def _prefill(self) -> tuple[int, torch.Tensor]:
+    def _prefill(self) -> tuple[torch.Tensor, EagleDraftExtendInput]:
+        """-> (the first generated token [1], on the device; the draft extend's input after the
+        prompt: its tokens shifted by one, that token last, with the prompt's features)."""
         target, dev = self.e.target, self.e.target.device
         n = len(self.prompt)
-        ids = torch.tensor([self.prompt], device=dev)
-        out = target(ids, torch.arange(n, device=dev)[None], self.e.cache, 0,
+        ids = torch.tensor(self.prompt, device=dev)  # [n]
+        out = target(ids[None], torch.arange(n, device=dev)[None], self.e.cache, 0,
                      causal_mask(n, 0, dev), self.aux_ids, last_only=True)
-        root = int(next_token(out.logits[0, -1], self.params, self.generator))
-        self.stats.prefill_s = time.perf_counter() - self.t_start
-        return root, self._features(out)[0]
+        root = next_token(out.logits[0, -1:], self.params, self.generator)  # [1]
+        return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), self._features(out)[0], 0)
 
     def loop(self) -> Iterator[StepEvent]:
-        root, features = self._prefill()
-        spans, finished = self._emit([root], ["target"], [0])
+        root, ext = self._prefill()
+        spans, finished = self._emit([int(root)], ["target"], [0])
+        self.stats.prefill_s = time.perf_counter() - self.t_start
         if self.draft_model is None:
             yield from self._baseline(root, spans, finished)
             return
-        ext = EagleDraftExtendInput(torch.tensor(self.prompt[1:] + [root], device=features.device),
-                                    features, 0)
         state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
         yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         while not finished:
@@ -284,53 +288,55 @@ class _Run:
         t1 = time.perf_counter()
         tl = self.phases.run_target(self.e.target, vin, self.e.cache, self.aux_ids)
         if self.params.greedy:
-            path, bonus = accept_greedy(vin, tl.logits)
+            vout = greedy_acceptance(vin, tl.logits)
         else:
-            path, bonus = accept_sampled(vin, tl.logits, self.params, self.generator)
-        vout = commit(vin, path, bonus, tl.features, self.e.cache)
+            vout = sampled_acceptance(vin, tl.logits, self.params, self.generator)
+        commit(vin, vout, self.e.cache)
+        got = read_back(vin, vout, self.trace)  # the one host sync: waits for the device
         t2 = time.perf_counter()
-        n_acc = vout.num_accepted
+        n_acc = got.num_accepted
         self.stats.num_steps += 1
         self.stats.step_tokens += n_acc + 1
         for d in range(n_acc):
             self.stats.accepted_per_depth[d] += 1
-        spans, finished = self._emit(vout.emitted, ["accepted"] * n_acc + ["bonus"],
+        spans, finished = self._emit(got.emitted, ["accepted"] * n_acc + ["bonus"],
                                      list(range(1, n_acc + 1)) + [0])
         new_state = state
         if not finished:
-            new_state = self.phases.extend(self.draft_model, vout.extend, self.draft_cache,
-                                           self.tree.topk)
+            new_state = self.phases.extend(self.draft_model,
+                                           extend_input(vin, vout, n_acc, tl.features),
+                                           self.draft_cache, self.tree.topk)
         t3 = time.perf_counter()
         timings = {"draft": (t1 - t0) * 1000, "verify": (t2 - t1) * 1000,
                    "extend": (t3 - t2) * 1000}
-        detail = {"rejected": self._rejected(vin, path),
-                  "tree": self._tree_nodes(vin, path)} if self.trace else {}
+        detail = {"rejected": self._rejected(got), "tree": self._tree_nodes(got)
+                  } if self.trace else {}
         return new_state, self._event(spans, finished, timings, **detail)
 
     def _token_text(self, tok: int) -> str:
         return self.e.tokenizer.decode([tok])
 
-    def _rejected(self, vin: EagleVerifyInput, path: torch.Tensor) -> list[TokenSpan]:
+    def _rejected(self, got: VerifyReadback) -> list[TokenSpan]:
         """The draft's own best continuation below the last accepted node (first children)."""
-        parents = vin.parents.tolist()
-        tokens, depth = vin.tokens.tolist(), vin.depth.tolist()
-        node, out = int(path[-1]), []
+        parents, tokens = got.tree_parents, got.tree_tokens
+        node, out = got.accepted_nodes[-1], []
         while True:
             children = [c for c in range(len(parents)) if parents[c] == node]
             if not children:
                 return out
             node = children[0]
             out.append(TokenSpan(tokens[node], self._token_text(tokens[node]), "rejected",
-                                 depth[node]))
+                                 got.tree_depth[node]))
 
-    def _tree_nodes(self, vin: EagleVerifyInput, path: torch.Tensor) -> list[TreeNode]:
-        on_path = set(path.tolist())
+    def _tree_nodes(self, got: VerifyReadback) -> list[TreeNode]:
+        on_path = set(got.accepted_nodes)
         return [TreeNode(t, self._token_text(t), p, d, i in on_path, s) for i, (t, p, d, s) in
-                enumerate(zip(vin.tokens.tolist(), vin.parents.tolist(), vin.depth.tolist(),
-                              vin.scores.tolist()))]
+                enumerate(zip(got.tree_tokens, got.tree_parents, got.tree_depth,
+                              got.tree_scores))]
 
-    def _baseline(self, root: int, spans: list[TokenSpan], finished: str | None
+    def _baseline(self, root: torch.Tensor, spans: list[TokenSpan], finished: str | None
                   ) -> Iterator[StepEvent]:
+        """root [1]: the prefill's token, on the device. One host read per token: its id."""
         target = self.e.target
         yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         seq, tok = len(self.prompt), root
@@ -339,10 +345,10 @@ class _Run:
                 yield self._event([], "context", {})
                 return
             t0 = time.perf_counter()
-            logits = self.phases.decode(target, tok, seq, self.e.cache)
-            tok = int(next_token(logits, self.params, self.generator))
+            logits = self.phases.decode(target, tok, seq, self.e.cache)  # [1, V]
+            tok = next_token(logits, self.params, self.generator)  # [1]
             seq += 1
             self.stats.num_steps += 1
             self.stats.step_tokens += 1
-            spans, finished = self._emit([tok], ["target"], [0])
+            spans, finished = self._emit([int(tok)], ["target"], [0])
             yield self._event(spans, finished, {"decode": (time.perf_counter() - t0) * 1000})

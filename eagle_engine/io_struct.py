@@ -1,10 +1,13 @@
 """Per-phase data types of one EAGLE-3 iteration, one class per phase, never reused across phases.
 
     EagleDraftInput -> draft() -> DraftTree -> build_tree() -> EagleVerifyInput -> verify()
-    -> EagleVerifyOutput (holds EagleDraftExtendInput) -> extend() -> EagleDraftInput
+    -> EagleVerifyOutput -> commit(), read_back() -> VerifyReadback (the host's one copy)
+    -> EagleDraftExtendInput -> extend() -> EagleDraftInput
 
-The widths of hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every
-buffer that holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
+Everything up to `VerifyReadback` stays on the device: no phase reads a tensor on the host, so
+an iteration makes one host sync, the packed copy behind `VerifyReadback`. The widths of
+hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every buffer that
+holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
 Not here: any computation. Shapes are for one request (the engine decodes one stream at a time).
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ class EagleDraftInput:
     topk_p: torch.Tensor  # [topk] float32 draft probabilities of the level-1 candidates
     topk_ids: torch.Tensor  # [topk] int64 target-vocab ids
     hidden: torch.Tensor  # [hidden_size_for] pre-norm draft hidden recycled into decode steps
-    root: int  # last token produced by the target; not yet in any KV cache
+    root: torch.Tensor  # [1] int64 last token produced by the target; not yet in any KV cache
     seq_len: int  # committed tokens in the target and draft caches
 
     @classmethod
@@ -37,9 +40,10 @@ class EagleDraftInput:
     @classmethod
     def idle(cls, draft: DraftConfig, dtype: torch.dtype, topk: int,
              device: torch.device | str = "cpu") -> EagleDraftInput:
-        return cls(torch.zeros(topk, device=device), torch.zeros(topk, dtype=torch.long,
-                                                                 device=device),
-                   torch.zeros(cls.hidden_size_for(draft), dtype=dtype, device=device), 0, 0)
+        long = {"dtype": torch.long, "device": device}
+        return cls(torch.zeros(topk, device=device), torch.zeros(topk, **long),
+                   torch.zeros(cls.hidden_size_for(draft), dtype=dtype, device=device),
+                   torch.zeros(1, **long), 0)
 
 
 @dataclass(slots=True)
@@ -98,11 +102,25 @@ class EagleDraftExtendInput:
 
 @dataclass(slots=True)
 class EagleVerifyOutput:
-    """Result of verification: the accepted path, the emitted tokens and the next extend input."""
+    """Result of verification, on the device: the accepted path and the emitted tokens, padded
+    to W = retrieve_indices.shape[1] slots (the deepest path the tree holds)."""
 
-    accepted_nodes: torch.Tensor  # [num_accepted + 1] node indices, root first
+    accepted_nodes: torch.Tensor  # [W] int64 node indices root first, -1 past the path's end
+    num_accepted: torch.Tensor  # [1] int64 accepted drafts (the path's length - 1)
+    emitted: torch.Tensor  # [W] int64 accepted drafts, then the bonus token, then -1
+
+
+@dataclass(slots=True)
+class VerifyReadback:
+    """What the host reads of one iteration, from one packed copy: the emitted tokens and the
+    accepted path, plus (when tracing) the verified tree. Plain Python data."""
+
     emitted: list[int]  # accepted draft tokens then the bonus token
-    extend: EagleDraftExtendInput
+    accepted_nodes: list[int]  # node indices of the accepted path, root first
+    tree_tokens: list[int]  # [N] the verified tree's tokens, root first (empty unless traced)
+    tree_parents: list[int]  # [N] parent node of each node, -1 for the root (same)
+    tree_depth: list[int]  # [N] (same)
+    tree_scores: list[float]  # [N] draft probability of each node's path (same)
 
     @property
     def num_accepted(self) -> int:

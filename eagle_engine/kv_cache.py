@@ -3,7 +3,8 @@
 A cache holds, per layer, keys and values `[batch, kv_heads, max_len, head_dim]` (views of one
 tensor); the model writes rows at the `start` it is given and never tracks lengths itself. The
 engine owns the committed length. `commit_rows` moves accepted tree rows next to the committed
-prefix (rejected rows are simply left behind and overwritten later; nothing else is copied).
+prefix (rejected rows are simply left behind and overwritten later; nothing else is copied),
+without a host read.
 Not here: which rows are accepted (`verify.py`) or tree structure (`tree.py`).
 """
 from __future__ import annotations
@@ -33,11 +34,9 @@ class KVCache:
         return kept
 
     def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
-        """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n)."""
-        n = src_rows.numel()
-        dst = torch.arange(dst_start, dst_start + n, device=src_rows.device)
-        if not torch.equal(src_rows, dst):
-            compact_kv(self.data, src_rows, dst_start)
+        """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n).
+        Always copies, even rows already in place: checking would read the rows on the host."""
+        compact_kv(self.data, src_rows, dst_start)
 
 
 def causal_mask(T: int, start: int, device: torch.device | str,

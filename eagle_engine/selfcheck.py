@@ -1,40 +1,49 @@
-"""`python -m eagle_engine selfcheck`: the GPU path's checks and throughput, in one table.
+"""`python -m eagle_engine selfcheck`: the GPU path's checks and the engine's measurements.
 
 On CUDA it runs the logic of the GPU-only tests (each Triton kernel against its torch reference
-on the device, every phase through captured graphs against the eager phase, no host sync inside
-the graphed phases and kernels, engine output with graphs against without) and then measures
-decode tokens/s, eager vs graphs, for the baseline and for EAGLE on the chosen target. On a
-machine without CUDA it lists what it skipped and exits 0. The check functions are shared with
-tests/test_kernels.py and tests/test_cuda_graph.py, which run the CPU-capable ones in CI.
-Not here: the runners themselves (`cuda_graph.py`) or the kernels (`kernels/`).
+on the device, every phase through captured graphs against the eager phase, no host sync in an
+iteration but `read_back`, engine output with graphs against without) and then measures, on the
+chosen target and prompts (--prompts, or 10 built-in ones): tokens/s of plain decoding and of
+EAGLE-3, eager and graphed, the speedups between them, host syncs per iteration
+(`sync_count.per_step`) and milliseconds per phase. `--report OUT.json` writes all of it as JSON
+and also runs on CPU, where the GPU checks and the graphed rows are marked skipped; without
+`--report` a machine without CUDA lists what it skips and exits 0. The check functions are
+shared with tests/test_kernels.py and tests/test_cuda_graph.py, which run the CPU-capable ones
+in CI. Not here: the runners themselves (`cuda_graph.py`), the kernels (`kernels/`) or the sync
+counter (`sync_count.py`).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import json
 import statistics
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import kernels
-from .accept import commit, extend
-from .config import ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig, TreeParams
-from .cuda_graph import GraphMode, GraphPhases
+from .accept import commit, extend, extend_input, read_back
+from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
+                     TreeParams, cpu_model)
+from .cuda_graph import GraphMode, GraphPhases, Phases
 from .draft import draft
 from .engine import EagleEngine
-from .events import RunStats
 from .io_struct import EagleDraftExtendInput, EagleDraftInput
 from .kernels.checks import kernel_mismatches
 from .kv_cache import KVCache, causal_mask
 from .models.draft_model import Eagle3Draft
 from .models.layers import Rope
 from .models.target import TargetModel
+from .sync_count import per_step
 from .tree import build_tree
-from .verify import run_target
+from .verify import accepted_path, greedy_acceptance, run_target
 
 TINY_TARGET = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
                "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -43,7 +52,8 @@ TINY_DRAFT = {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads":
               "num_key_value_heads": 2, "vocab_size": 96, "draft_vocab_size": 64}
 TINY_TREE = TreeParams(topk=4, num_steps=4, num_draft_tokens=12)
 LLAMA_COMMAND = ("python -m eagle_engine selfcheck --target meta-llama/Llama-3.1-8B-Instruct "
-                 "--draft yuhuili/EAGLE3-LLaMA3.1-Instruct-8B --dtype bf16")
+                 "--draft yuhuili/EAGLE3-LLaMA3.1-Instruct-8B --dtype bf16 "
+                 "--report selfcheck.json [--prompts mtbench.jsonl]")
 
 
 @dataclass(slots=True)
@@ -148,7 +158,8 @@ def extend_every_padding(head: Eagle3Draft, runners: GraphPhases, caches: tuple[
         want = extend(head, ext, eager_cache, topk)
         got = runners.extend(head, ext, static_cache, topk)
         diff.exact(f"T={T} top-k ids", want.topk_ids, got.topk_ids)
-        diff.exact(f"T={T} root/seq_len", (want.root, want.seq_len), (got.root, got.seq_len))
+        diff.exact(f"T={T} root", want.root, got.root)
+        diff.exact(f"T={T} seq_len", want.seq_len, got.seq_len)
         diff.close(f"T={T} top-k probs", want.topk_p, got.topk_p)
         diff.close(f"T={T} hidden", want.hidden, got.hidden)
         diff.caches(f"T={T} draft cache", eager_cache, static_cache, seq_len + T)
@@ -208,17 +219,18 @@ def parity_step(target: TargetModel, head: Eagle3Draft, tree: TreeParams, runner
         extend_every_padding(head, runners, (d_eager, d_static), want_t.features, state.seq_len,
                              diffs["extend paddings"])
     depth = min(it % (tree.num_steps + 1), int(vin.depth.max()))
-    node = int((vin.depth == depth).nonzero()[0, 0])
-    path = vin.retrieve_indices[node, :depth + 1]
-    bonus = int(want_t.logits[node].argmax())
-    v_eager = commit(vin, path, bonus, want_t.features, t_eager)
-    v_static = commit(vin, path, bonus, got_t.features, t_static)
+    node = (vin.depth == depth).nonzero()[0]  # [1] the first node at that depth
+    vout = accepted_path(vin, node, want_t.logits[node].argmax(-1))
+    for cache in (t_eager, t_static):
+        commit(vin, vout, cache)
     diffs["commit"].caches("target cache", t_eager, t_static, state.seq_len + depth + 1)
-    want = extend(head, v_eager.extend, d_eager, tree.topk)
-    got = runners.extend(head, v_static.extend, d_static, tree.topk)
+    want = extend(head, extend_input(vin, vout, depth, want_t.features), d_eager, tree.topk)
+    got = runners.extend(head, extend_input(vin, vout, depth, got_t.features), d_static,
+                         tree.topk)
     d = diffs["draft extend"]
     d.exact("top-k ids", want.topk_ids, got.topk_ids)
-    d.exact("root/seq_len", (want.root, want.seq_len), (got.root, got.seq_len))
+    d.exact("root", want.root, got.root)
+    d.exact("seq_len", want.seq_len, got.seq_len)
     d.close("top-k probs", want.topk_p, got.topk_p)
     d.close("hidden", want.hidden, got.hidden)
     d.caches("draft cache", d_eager, d_static, want.seq_len)
@@ -274,8 +286,9 @@ def sync_debug(mode: str) -> Iterator[None]:
 
 
 def check_no_sync(target: TargetModel, head: Eagle3Draft, tree: TreeParams) -> Row:
-    """The graphed phases and the three kernels under set_sync_debug_mode('error'). Outside it:
-    `build_tree` (uploads the root id) and the extend's `root` read, both engine glue."""
+    """One EAGLE iteration through the captured graphs under set_sync_debug_mode('error'):
+    draft, build_tree, verify, greedy acceptance and commit (with the tree_build, verify_greedy
+    and kv_compact kernels), then, after `read_back` (the iteration's one sync), the extend."""
     K, S, L = tree.topk, tree.num_steps, target.max_len - 32
     t_cache = target.new_cache(max_len=L)
     runners = GraphPhases(target, t_cache, head, tree, L + K * S)
@@ -287,84 +300,22 @@ def check_no_sync(target: TargetModel, head: Eagle3Draft, tree: TreeParams) -> R
     try:
         with sync_debug("error"):
             drafted = runners.draft(head, state, d_cache, tree)
-        vin = build_tree(drafted, state.root, state.seq_len, tree)
-        with sync_debug("error"):
+            vin = build_tree(drafted, state.root, state.seq_len, tree)
             verified = runners.run_target(target, vin, t_cache, aux)
-            kernels.build_tree_from_parents(vin.parents, S)
-            best, _ = kernels.verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth,
-                                                 verified.logits.argmax(-1))
-            path = vin.retrieve_indices.index_select(0, best.view(1))[0]  # [S+1], -1 padded
-            kernels.compact_kv(t_cache.layers[0][0], vin.seq_len + path[:1], vin.seq_len)
-            ext = EagleDraftExtendInput(vin.tokens[:2], verified.features[:2], state.seq_len)
-            extend_runner = runners.runners["extend"][1]
-            extend_runner.replay_prepare(ext)
-            extend_runner.graph.replay()
+            vout = greedy_acceptance(vin, verified.logits)
+            commit(vin, vout, t_cache)
+        got = read_back(vin, vout, trace=True)
+        with sync_debug("error"):
+            runners.extend(head, extend_input(vin, vout, got.num_accepted, verified.features),
+                           d_cache, tree.topk)
     except RuntimeError as e:
-        return Row("no host sync in graphed phases + kernels", "FAIL", str(e)[:120], False)
-    return Row("no host sync in graphed phases + kernels", "PASS",
-               "draft, verify, extend prepare+replay; tree_build, verify_greedy, kv_compact", True)
+        return Row("no host sync in an iteration but read_back", "FAIL", str(e)[:120], False)
+    return Row("no host sync in an iteration but read_back", "PASS",
+               "graphed draft, verify, extend; build_tree, acceptance, commit", True)
 
 
-def decode_rate(stats: RunStats) -> float:
-    """Tokens per second after the prefill (whose token is not counted)."""
-    spent = stats.elapsed_s - stats.prefill_s
-    return (stats.num_tokens - 1) / spent if spent > 0 else 0.0
-
-
-def throughput(engines: tuple[EagleEngine, EagleEngine], head: str, prompt_ids: list[int],
-               tree: TreeParams, max_new_tokens: int, repeats: int) -> list[Row]:
-    """Decode tokens/s, eager vs graphs, baseline and EAGLE (greedy, EOS ignored)."""
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    rows, baseline = [], {}
-    for label, name in (("baseline", None), ("EAGLE", head)):
-        for mode, engine in zip(("eager", "graphs"), engines):
-            engine.generate(prompt_ids, params, tree, name)  # warm-up; captures graphs once
-            runs = [engine.generate(prompt_ids, params, tree, name).stats for _ in range(repeats)]
-            rate = statistics.median(decode_rate(s) for s in runs)
-            detail = f"median of {repeats} x {max_new_tokens} tokens"
-            if name is None:
-                baseline[mode] = rate
-            else:
-                detail += f", tau {runs[0].tau:.2f}, {rate / baseline[mode]:.2f}x baseline {mode}"
-            rows.append(Row(f"tokens/s {label} {mode}", f"{rate:.1f}", detail))
-    return rows
-
-
-def syncs_per_iteration(engine: EagleEngine, head: str, prompt_ids: list[int],
-                        tree: TreeParams) -> Row:
-    """Host syncs of a whole EAGLE request (set_sync_debug_mode('warn')) per iteration."""
-    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
-    with warnings.catch_warnings(record=True) as caught, sync_debug("warn"):
-        warnings.simplefilter("always")
-        stats = engine.generate(prompt_ids, params, tree, head).stats
-    count = sum("synchroniz" in str(w.message) for w in caught)
-    return Row("host syncs per EAGLE iteration", f"{count / max(stats.num_steps, 1):.1f}",
-               f"{count} in a request of {stats.num_steps} iterations, prefill included")
-
-
-def model_rows(args: argparse.Namespace) -> list[Row]:
-    """Parity, syncs and throughput on the requested target and head."""
-    from .cli_args import pick_head, tree_params
-
-    config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
-                          device="cuda", max_len=args.max_len)
-    tree = tree_params(args, config.default_tree)
-    try:
-        loaded = EagleEngine.load(config)
-        head = pick_head(loaded, args.draft)
-    except (ConfigError, OSError) as e:
-        return [Row(f"model {args.target}", "skipped", f"could not load: {e}"[:200])]
-    eager = EagleEngine(loaded.target, loaded.tokenizer, loaded.heads,
-                        dataclasses.replace(config, cuda_graphs=False))
-    engines = (eager, loaded)  # `loaded` has graphs on (the default)
-    prompt_ids = loaded.encode(args.prompt)
-    rows = engine_parity(engines, head, prompt_ids, tree, args.max_new_tokens,
-                         strict=config.dtype == "fp32", label=f"{args.target} {config.dtype}")
-    rows.append(syncs_per_iteration(engines[1], head, prompt_ids, tree))
-    return rows + throughput(engines, head, prompt_ids, tree, args.max_new_tokens, args.repeats)
-
-
-def run_checks(args: argparse.Namespace) -> list[Row]:
+def gpu_checks() -> list[Row]:
+    """The CUDA-only checks on the tiny models: kernels, graphed phases, syncs, engine."""
     dev = torch.device("cuda")
     rows = [verdict(f"kernel {name} == reference (cuda)", failures, f"{count} cases")
             for name, (count, failures) in kernel_mismatches(kernels, dev).items()]
@@ -376,9 +327,302 @@ def run_checks(args: argparse.Namespace) -> list[Row]:
                               EngineConfig(dtype="fp32", device="cuda", max_len=192))
         rows += engine_parity(engines, "tiny", list(range(3, 40)), TINY_TREE, 48,
                               label="tiny fp32")
+    return rows
+
+
+GPU_CHECKS = ("Triton kernels on the device == their torch references",
+              "every phase replayed as a CUDA graph == the eager phase (all extend paddings)",
+              "no host sync in an iteration but read_back (set_sync_debug_mode('error'))",
+              "engine output with graphs == without (tiny model and --target)")
+
+
+# ---------------------------------------------------------------- measurements and the report
+
+BUILTIN_PROMPTS = (  # the fallback of --prompts: short questions in MT-bench's categories
+    "Write a short blog post about a trip to a city you like, with its sights and food.",
+    "You are a ship's captain in a storm. Tell your crew what to do, in character.",
+    "Alice is taller than Bob and Bob is taller than Carol. Who is the shortest? Explain.",
+    "What is the sum of the integers from 1 to 100? Show the steps.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Extract the names and dates from: 'Marie Curie won the Nobel Prize in 1903 and 1911.'",
+    "Explain how a refrigerator moves heat out of its inside.",
+    "Why did the printing press change Europe? Give three reasons.",
+    "Suggest five names for a coffee shop run by cats, and say why each fits.",
+    "Summarize the rules of chess in a paragraph for a child.",
+)
+
+
+def load_prompts(path: Path | None, limit: int) -> tuple[str, list[str]]:
+    """The first turn of each row of an MT-bench-style jsonl file (or the built-in prompts),
+    at most `limit`; -> (where they came from, prompts)."""
+    from .bench import load_rows
+
+    if path is None:
+        return "built-in", list(BUILTIN_PROMPTS[:limit])
+    rows = load_rows(path, limit)
+    bad = [i for i, r in enumerate(rows) if not r.get("turns")]
+    if bad:
+        raise ConfigError(f"prompt file {path}: rows {bad[:5]} have no 'turns'")
+    return str(path), [r["turns"][0] for r in rows]
+
+
+class Budget:
+    """The report's time limit: measurements that would start after it are skipped."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def spent(self) -> bool:
+        return time.perf_counter() - self.start > self.seconds
+
+    def skip(self, what: dict) -> dict:
+        return {**what, "status": "skipped",
+                "reason": f"time budget spent (--time-budget-s {self.seconds:g})"}
+
+
+def synchronized(phases: Phases) -> Phases:
+    """`phases` with a device synchronize after each call (CUDA)."""
+    def synced(fn: Callable) -> Callable:
+        def call(*args: Any) -> Any:
+            out = fn(*args)
+            torch.cuda.synchronize()
+            return out
+        return call
+
+    return dataclasses.replace(phases, draft=synced(phases.draft),
+                               run_target=synced(phases.run_target),
+                               extend=synced(phases.extend), decode=synced(phases.decode))
+
+
+class PhaseTimedEngine(EagleEngine):
+    """Synchronizes the device after every phase, so that the engine's clock times each phase's
+    own device work on CUDA (for milliseconds per phase only: the syncs slow it down)."""
+
+    def phases(self, head: str | None, tree: TreeParams) -> Phases:
+        return synchronized(super().phases(head, tree))
+
+
+def time_prompts(engine: EagleEngine, head: str | None, tree: TreeParams,
+                 prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Greedy answers to every prompt (after one warm-up, which also captures graphs): decode
+    tokens/s (the prefill's token and time excluded), tau, milliseconds per phase per step
+    (prefill: per prompt) and the answers' token ids."""
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    engine.generate(prompts[0], replace(params, max_new_tokens=min(8, max_new_tokens)), tree,
+                    head)
+    tokens, seconds, steps, step_tokens = 0, 0.0, 0, 0
+    phase_s: Counter[str] = Counter()
+    answers = []
+    for ids in prompts:
+        result = engine.generate(ids, params, tree, head)
+        s = result.stats
+        tokens += s.num_tokens - 1
+        seconds += s.elapsed_s - s.prefill_s
+        steps, step_tokens = steps + s.num_steps, step_tokens + s.step_tokens
+        phase_s.update(s.phase_s)
+        phase_s["prefill"] += s.prefill_s
+        answers.append(result.token_ids)
+    phase_ms = {k: round(v * 1000 / (len(prompts) if k == "prefill" else max(steps, 1)), 3)
+                for k, v in phase_s.items()}
+    return {"status": "ran", "prompts": len(prompts), "tokens": tokens,
+            "decode_s": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0,
+            "tau": round(step_tokens / steps, 3) if head and steps else None,
+            "phase_ms": phase_ms, "answers": answers}
+
+
+def count_syncs(engine: EagleEngine, head: str | None, tree: TreeParams, prompt: list[int],
+                params: SamplingParams) -> dict:
+    """Host syncs of each iteration of one request (the prefill's event apart), counted with
+    `sync_count.per_step` (HostSyncs on CPU, set_sync_debug_mode on CUDA)."""
+    engine.generate(prompt, replace(params, max_new_tokens=4), tree, head)  # captures graphs
+    steps = list(per_step(engine.stream(prompt, params, tree, head),
+                          engine.target.device))
+    counts = [s.total for _, s in steps[1:]]
+    where: Counter[str] = Counter()
+    for _, s in steps[1:]:
+        where.update(s.where)
+    return {"status": "ran", "counter": type(steps[0][1]).__name__, "iterations": len(counts),
+            "per_iteration_max": max(counts, default=0),
+            "per_iteration_mean": round(statistics.fmean(counts), 3) if counts else 0.0,
+            "prefill": steps[0][1].total, "where": dict(where)}
+
+
+def measure(args: argparse.Namespace, cuda: bool, budget: Budget) -> dict:
+    """Plain decoding and EAGLE-3 on --target, eager and graphed: tokens/s on the prompts,
+    speedups, host syncs per iteration and milliseconds per phase. Graphed rows are skipped
+    without CUDA (on CPU the engine always runs eagerly)."""
+    from . import autotune
+    from .cli_args import pick_head, tree_params
+
+    config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
+                          device="cuda" if cuda else "cpu", max_len=args.max_len)
+    loaded = EagleEngine.load(config)
+    head = pick_head(loaded, args.draft)
+    autotune.use_cached(loaded, head)
+    tree = tree_params(args, loaded.default_tree)
+    source, texts = load_prompts(args.prompts, args.limit)
+    prompts = [loaded.encode(t) for t in texts]
+    engines = {"eager": EagleEngine(loaded.target, loaded.tokenizer, loaded.heads,
+                                    dataclasses.replace(config, cuda_graphs=False)),
+               "graphs": loaded}  # graphs on (the default): CUDA graphs on CUDA
+    no_cuda = {"status": "skipped", "reason": "no CUDA device (the CPU engine runs eagerly)"}
+    runs = [(mode, graphs, head if mode == "eagle" else None)
+            for mode in ("plain", "eagle") for graphs in ("eager", "graphs")]
+    timings, syncs = [], []
+    for mode, graphs, name in runs:
+        row = {"mode": mode, "graphs": graphs == "graphs"}
+        if graphs == "graphs" and not cuda:
+            timings.append({**row, **no_cuda})
+            continue
+        timings.append(budget.skip(row) if budget.spent() else
+                       {**row, **time_prompts(engines[graphs], name, tree, prompts,
+                                              args.max_new_tokens)})
+    by_key = {(t["mode"], t["graphs"]): t for t in timings}
+    for key, other, field in ((("eagle", False), ("plain", False), "greedy_same_as_plain"),
+                              (("eagle", True), ("plain", True), "greedy_same_as_plain"),
+                              (("plain", True), ("plain", False), "greedy_same_as_eager"),
+                              (("eagle", True), ("eagle", False), "greedy_same_as_eager")):
+        if by_key[key]["status"] == by_key[other]["status"] == "ran":
+            same = sum(a == b for a, b in zip(by_key[key]["answers"], by_key[other]["answers"]))
+            by_key[key][field] = f"{same}/{len(prompts)}"
+    sampled = SamplingParams(max_new_tokens=min(32, args.max_new_tokens), temperature=0.7,
+                             top_p=0.9, seed=0)
+    for mode, graphs, name in runs:
+        for label, params in (("greedy", SamplingParams(max_new_tokens=sampled.max_new_tokens)),
+                              ("sampled T=0.7 top_p=0.9", sampled)):
+            row = {"mode": mode, "graphs": graphs == "graphs", "sampling": label}
+            if graphs == "graphs" and not cuda:
+                syncs.append({**row, **no_cuda})
+                continue
+            syncs.append(budget.skip(row) if budget.spent() else
+                         {**row, **count_syncs(engines[graphs], name, tree, prompts[0], params)})
+    phases = phase_rows(timings, loaded, head, tree, prompts, args, cuda, budget)
+    for t in timings:
+        t.pop("answers", None)
+        t.pop("phase_ms", None)
+    return {"engine": {"target": args.target, "head": head, "weights": config.weights,
+                       "dtype": config.dtype, "tree": dataclasses.asdict(tree)},
+            "prompts": {"source": source, "count": len(prompts),
+                        "max_new_tokens": args.max_new_tokens},
+            "timings": timings, "speedups": speedups(by_key), "syncs_per_iteration": syncs,
+            "phase_ms": phases}
+
+
+def speedups(by_key: dict[tuple[str, bool], dict]) -> list[dict]:
+    """EAGLE-3 against plain decoding: eager/eager, graphs/graphs, graphs/graphed plain."""
+    pairs = (("eagle eager vs plain eager", ("eagle", False), ("plain", False)),
+             ("eagle graphs vs plain graphs", ("eagle", True), ("plain", True)),
+             ("plain graphs vs plain eager", ("plain", True), ("plain", False)),
+             ("eagle graphs vs eagle eager", ("eagle", True), ("eagle", False)))
+    rows = []
+    for name, a, b in pairs:
+        ta, tb = by_key[a], by_key[b]
+        skipped = next((t for t in (ta, tb) if t["status"] != "ran"), None)
+        if skipped is not None:
+            rows.append({"name": name, "status": "skipped", "reason": skipped["reason"]})
+        else:
+            rows.append({"name": name, "status": "ran",
+                         "value": round(ta["tokens_per_s"] / tb["tokens_per_s"], 3)})
+    return rows
+
+
+def phase_rows(timings: list[dict], loaded: EagleEngine, head: str, tree: TreeParams,
+               prompts: list[list[int]], args: argparse.Namespace, cuda: bool,
+               budget: Budget) -> list[dict]:
+    """Milliseconds per phase per step. On CPU every phase is synchronous: the timed runs'
+    own clock. On CUDA the phases run asynchronously (one sync per iteration), so the graphed
+    engine runs the prompts again with a sync after each phase (`PhaseTimedEngine`)."""
+    rows = []
+    for t in timings:
+        row = {"mode": t["mode"], "graphs": t["graphs"]}
+        if t["status"] != "ran":
+            rows.append({**row, "status": "skipped", "reason": t["reason"]})
+        elif not cuda:
+            rows.append({**row, "status": "ran", "clock": "engine (CPU: synchronous)",
+                         "ms": t["phase_ms"]})
+        elif not t["graphs"]:
+            rows.append({**row, "status": "skipped", "reason": "on CUDA only the graphed "
+                         "engine is profiled (eager phases time their launches)"})
+        elif budget.spent():
+            rows.append(budget.skip(row))
+        else:
+            synced = PhaseTimedEngine(loaded.target, loaded.tokenizer, loaded.heads,
+                                      loaded.config)
+            timed = time_prompts(synced, head if t["mode"] == "eagle" else None, tree,
+                                 prompts[:2], args.max_new_tokens)
+            rows.append({**row, "status": "ran", "clock": "engine, synchronized after each "
+                         "phase", "ms": timed["phase_ms"]})
+    return rows
+
+
+def report(args: argparse.Namespace) -> dict:
+    """The checks (GPU ones skipped without CUDA) and the measurements, as JSON-ready data."""
+    cuda = torch.cuda.is_available()
+    budget = Budget(args.time_budget_s)
+    if cuda:
+        checks = [dataclasses.asdict(r) for r in gpu_checks()]
+        device = f"cuda ({torch.cuda.get_device_name()})"
+    else:
+        checks = [{"check": c, "result": "skipped", "detail": "no CUDA device", "ok": None}
+                  for c in GPU_CHECKS]
+        device = f"cpu ({cpu_model()})"
+    out = {"device": device, "cuda": cuda, "torch": torch.__version__, "checks": checks}
     if args.skip_model:
-        return rows + [Row("model checks and tokens/s", "skipped", "--skip-model")]
-    return rows + model_rows(args)
+        return {**out, "measurements": {"status": "skipped", "reason": "--skip-model"}}
+    out.update(measure(args, cuda, budget))
+    greedy = [r for r in out["syncs_per_iteration"]
+              if r["status"] == "ran" and r["sampling"] == "greedy"]
+    check = {"check": "at most one host sync per greedy iteration (--target)", "ok": None,
+             "result": "skipped", "detail": "no greedy request was counted"}
+    if greedy:
+        ok = all(r["per_iteration_max"] <= 1 for r in greedy)
+        check.update(ok=ok, result="PASS" if ok else "FAIL",
+                     detail=", ".join(f"{r['mode']} {'graphs' if r['graphs'] else 'eager'}: "
+                                      f"max {r['per_iteration_max']}" for r in greedy))
+    out["checks"].append(check)
+    for t in out["timings"]:
+        if "greedy_same_as_eager" in t:  # bf16 near-ties may flip: reported, not failed
+            same = t["greedy_same_as_eager"].split("/")
+            strict = out["engine"]["dtype"] == "fp32"
+            ok = same[0] == same[1]
+            out["checks"].append({"check": f"engine {t['mode']} graphs == eager (--target)",
+                                  "result": "PASS" if ok else "FAIL" if strict else "differs",
+                                  "detail": f"greedy answers {t['greedy_same_as_eager']}",
+                                  "ok": ok if strict or ok else None})
+    out["elapsed_s"] = round(time.perf_counter() - budget.start, 1)
+    return out
+
+
+def table_rows(rep: dict) -> list[Row]:
+    rows = [Row(c["check"], c["result"], c["detail"], c["ok"]) for c in rep["checks"]]
+    for t in rep.get("timings", []):
+        name = f"tokens/s {t['mode']} {'graphs' if t['graphs'] else 'eager'}"
+        if t["status"] != "ran":
+            rows.append(Row(name, "skipped", t["reason"]))
+            continue
+        detail = f"{t['tokens']} tokens over {t['prompts']} prompts"
+        if t["tau"] is not None:
+            detail += f", tau {t['tau']:.2f}, greedy same as plain {t['greedy_same_as_plain']}"
+        rows.append(Row(name, f"{t['tokens_per_s']:.1f}", detail))
+    for sp in rep.get("speedups", []):
+        rows.append(Row(sp["name"], f"{sp['value']:.2f}x" if sp["status"] == "ran"
+                        else "skipped", sp.get("reason", "")))
+    for r in rep.get("syncs_per_iteration", []):
+        name = (f"host syncs/iteration {r['mode']} {'graphs' if r['graphs'] else 'eager'} "
+                f"{r['sampling']}")
+        if r["status"] != "ran":
+            rows.append(Row(name, "skipped", r["reason"]))
+            continue
+        where = ", ".join(r["where"])
+        rows.append(Row(name, f"{r['per_iteration_mean']:.2f}",
+                        f"max {r['per_iteration_max']} over {r['iterations']}: {where}"))
+    for p in rep.get("phase_ms", []):
+        name = f"ms/step {p['mode']} {'graphs' if p['graphs'] else 'eager'}"
+        rows.append(Row(name, "ran" if p["status"] == "ran" else "skipped",
+                        ", ".join(f"{k} {v:.2f}" for k, v in p["ms"].items())
+                        if p["status"] == "ran" else p["reason"]))
+    return rows
 
 
 def format_table(rows: list[Row]) -> str:
@@ -391,36 +635,47 @@ def format_table(rows: list[Row]) -> str:
 SKIPPED = """selfcheck: no CUDA device here, so nothing ran on a GPU. Skipped:
   - Triton kernels on the device against their torch references
   - every phase replayed as a CUDA graph against the eager phase (all extend paddings)
-  - no host sync under torch.cuda.set_sync_debug_mode('error')
+  - no host sync but read_back in an iteration, under torch.cuda.set_sync_debug_mode('error')
   - engine output with graphs against without (tiny model and --target)
-  - tokens/s eager vs graphs for the baseline and EAGLE
+  - tokens/s eager vs graphs for plain decoding and EAGLE-3
 The CPU side of these checks runs in CI: pytest tests/test_kernels.py tests/test_cuda_graph.py
+`--report OUT.json` measures what runs here (CPU tokens/s, host syncs, ms per phase).
 On a CUDA machine: """
 
 
 def cmd_selfcheck(args: argparse.Namespace) -> None:
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and args.report is None:
         print(SKIPPED + LLAMA_COMMAND)
         return
-    rows = run_checks(args)
-    print(format_table(rows))
-    if any(r.ok is False for r in rows):
+    rep = report(args)
+    print(format_table(table_rows(rep)))
+    if args.report is not None:
+        args.report.write_text(json.dumps(rep, indent=1) + "\n")
+        print(f"report written to {args.report}")
+    if any(c["ok"] is False for c in rep["checks"]):
         raise SystemExit(1)
 
 
 def add_selfcheck_parser(sub: argparse._SubParsersAction) -> None:
     from .cli_args import add_tree_args
 
-    p = sub.add_parser("selfcheck", help="GPU path checks and eager-vs-graphs tokens/s",
-                       description=f"Needs CUDA (otherwise lists what it skips). Documented run: "
-                                   f"{LLAMA_COMMAND}")
+    p = sub.add_parser("selfcheck", help="GPU path checks; eager-vs-graphs tokens/s, host "
+                       "syncs and ms per phase (--report: JSON, also on CPU)",
+                       description=f"The checks need CUDA (without it they are listed as "
+                                   f"skipped). Documented run: {LLAMA_COMMAND}")
     p.add_argument("--target", default="bundled", help="bundled | HF directory | hub id")
     p.add_argument("--draft", default="bundled", help="bundled | directory | hub id")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="auto: bf16 on CUDA; on CPU fp32 or the GGUF's q4 weights")
     p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration")
-    p.add_argument("--prompt", default="Explain how a CPU cache works, step by step.")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="per prompt")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="MT-bench-style jsonl (first turns); default: 10 built-in prompts")
+    p.add_argument("--limit", type=int, default=10, help="prompts to time")
+    p.add_argument("--report", type=Path, default=None,
+                   help="write the checks and measurements here as JSON (runs on CPU too)")
+    p.add_argument("--time-budget-s", type=float, default=540.0,
+                   help="measurements that would start later are skipped")
     p.add_argument("--skip-model", action="store_true", help="only the tiny-model checks")
     add_tree_args(p)
     p.set_defaults(func=cmd_selfcheck)

@@ -2,7 +2,14 @@
 lossless acceptance: greedy (longest path agreeing with the target argmax, plus the bonus token)
 or tree speculative sampling (siblings tried in draft order against one coin per level, residual
 distribution on rejection), which reproduces the target's sampling distribution exactly.
-Not here: cache compaction or the draft extend (`accept.py`).
+
+Acceptance runs on the device without reading anything on the host: every node gets "accepted
+if its parent is" (greedy: its token is the target's argmax after the parent; sampling: its
+level's coin falls in its slice of the parent's distribution), the accepted path is the deepest
+node whose ancestors all pass, and its result is padded to the tree's depth
+(`EagleVerifyOutput`). `accept_greedy` / `accept_sampled` read that result back (the path and
+the bonus token), for tests and checks; the engine reads it in `accept.read_back`.
+Not here: cache compaction, the host copy or the draft extend (`accept.py`).
 """
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams
-from .io_struct import EagleVerifyInput
+from .io_struct import EagleVerifyInput, EagleVerifyOutput
 from .kernels import verify_tree_greedy
 from .kv_cache import KVCache, tree_mask
 from .models.target import TargetModel
@@ -33,42 +40,70 @@ def run_target(target: TargetModel, vin: EagleVerifyInput, cache: KVCache,
     return TreeLogits(out.logits[0], feats[0])
 
 
-def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """-> (accepted node path [len] root first, bonus token)."""
+def accepted_path(vin: EagleVerifyInput, best: torch.Tensor, bonus: torch.Tensor
+                  ) -> EagleVerifyOutput:
+    """The path from the root to node `best` [1] and the tokens it emits, `bonus` [1] last."""
+    path = vin.retrieve_indices.index_select(0, best)[0]  # [W] root first, -1 past its end
+    num_accepted = vin.depth.index_select(0, best)  # [1]
+    slots = torch.arange(path.numel(), device=path.device)  # [W]
+    drafts = vin.tokens[path.roll(-1).clamp_min(0)]  # [W] slot k: the token of node path[k+1]
+    emitted = torch.where(slots < num_accepted, drafts,
+                          torch.where(slots == num_accepted, bonus, -1))  # [W]
+    return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
+
+
+def greedy_acceptance(vin: EagleVerifyInput, logits: torch.Tensor) -> EagleVerifyOutput:
+    """The longest path whose every token is the target's argmax after its parent."""
     predict = greedy(logits)  # [N]
-    best, length = verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
-    path = vin.retrieve_indices[best, :int(length) + 1]
-    return path, int(predict[best])
+    best, _ = verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
+    best = best.reshape(1)
+    return accepted_path(vin, best, predict.index_select(0, best))
+
+
+def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
+                       generator: torch.Generator | None) -> EagleVerifyOutput:
+    """Tree speculative sampling with deterministic top-k drafts (q = point mass): at each level,
+    child k is accepted iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) for one uniform u; if all
+    children fail, the bonus is drawn from p with those children removed (renormalized). This is
+    inverse-CDF sampling of p with the children listed first, so every emitted token ~ p.
+    Coins: one per tree level (drawn together), then the bonus token's."""
+    probs = target_probs(logits, params)  # [N, V]
+    N, W = vin.retrieve_indices.shape
+    dev = logits.device
+    nodes = torch.arange(N, device=dev)
+    p_node = probs[vin.parents.clamp_min(0), vin.tokens].double()  # [N] p(token | parent)
+    siblings = vin.parents[:, None] == vin.parents[None, :]  # [N, N]
+    before = nodes[None, :] < nodes[:, None]  # [N, N] j listed before i
+    upto = (siblings & ~before.T).double() @ p_node  # [N] sum_{j<=k} over the siblings
+    previous = torch.where(siblings & before, nodes, -1).amax(-1)  # [N] -1: a first child
+    below = torch.where(previous >= 0, upto[previous.clamp_min(0)], 0.0)  # [N] sum_{j<k}
+    coins = torch.rand(W - 1, generator=generator, device=dev).double()  # [W-1] one per level
+    u = coins[(vin.depth - 1).clamp_min(0)]  # [N] the coin of each node's level
+    passed = ((below <= u) & (u < upto)) | (vin.parents < 0)  # [N] the root always passes
+    on_path = ~(vin.ancestors & ~passed).any(-1)  # [N] it and all its ancestors pass
+    best = torch.where(on_path, vin.depth, -1).argmax().reshape(1)  # [1] the deepest
+    p = probs.index_select(0, best)[0]  # [V] the target's distribution after `best`
+    children = vin.parents == best  # [N] the rejected children of `best`
+    # zero the children's tokens (siblings hold distinct tokens; other nodes add -0)
+    residual = p.index_put((vin.tokens,), -p[vin.tokens] * children, accumulate=True)  # [V]
+    # children that held all the mass (u rounded past it) leave p itself; sample_from
+    # normalizes by the total
+    bonus = sample_from(torch.where(residual.sum() > 0, residual, p), generator).reshape(1)
+    return accepted_path(vin, best, bonus)
+
+
+def on_host(vout: EagleVerifyOutput) -> tuple[torch.Tensor, int]:
+    """-> (accepted node path [num_accepted + 1] root first, bonus token); reads the host."""
+    n = int(vout.num_accepted)
+    return vout.accepted_nodes[:n + 1], int(vout.emitted[n])
+
+
+def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`greedy_acceptance`, read back: (accepted node path root first, bonus token)."""
+    return on_host(greedy_acceptance(vin, logits))
 
 
 def accept_sampled(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
                    generator: torch.Generator | None) -> tuple[torch.Tensor, int]:
-    """Tree speculative sampling with deterministic top-k drafts (q = point mass): at each level,
-    child k is accepted iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) for one uniform u; if all
-    children fail, the bonus is drawn from p with those children removed (renormalized). This is
-    inverse-CDF sampling of p with the children listed first, so every emitted token ~ p."""
-    probs = target_probs(logits, params)  # [N, V]
-    parents = vin.parents.tolist()
-    tokens = vin.tokens.tolist()
-    node, path = 0, [0]
-    while True:
-        children = [c for c in range(len(parents)) if parents[c] == node]
-        if not children:
-            return torch.tensor(path, device=logits.device), int(sample_from(probs[node], generator))
-        p = probs[node]
-        u = float(torch.rand((), generator=generator, device=logits.device))
-        cumulative, accepted = 0.0, None
-        for c in children:
-            cumulative += float(p[tokens[c]])
-            if u < cumulative:
-                accepted = c
-                break
-        if accepted is None:
-            residual = p.clone()
-            residual[[tokens[c] for c in children]] = 0
-            if float(residual.sum()) <= 0:  # children held all the mass; u rounded past it
-                residual = p
-            bonus = int(sample_from(residual / residual.sum(), generator))
-            return torch.tensor(path, device=logits.device), bonus
-        node = accepted
-        path.append(node)
+    """`sampled_acceptance`, read back: (accepted node path root first, bonus token)."""
+    return on_host(sampled_acceptance(vin, logits, params, generator))

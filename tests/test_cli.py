@@ -260,3 +260,52 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
     args.num_draft_tokens, args.topk = 6, 2
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(2, 2, 6)
+
+
+def test_selfcheck_report_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`selfcheck --report` without CUDA: the GPU checks and every graphed row are marked
+    skipped with a reason; plain decoding and EAGLE-3 run eagerly on the prompt file with their
+    tokens/s, speedup, host syncs per iteration (one per greedy step) and ms per phase. A spent
+    time budget skips the measurements; without --report the CPU run only lists the skips."""
+    assert main(["selfcheck"]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [q, "More?"]}) + "\n"
+                               for q in ("Name a color.", "What is 2 plus 2?", "Unused.")))
+    out = tmp_path / "report.json"
+    assert main(["selfcheck", "--report", str(out), "--prompts", str(prompts), "--limit", "2",
+                 "--max-new-tokens", "5"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["cuda"] is False and rep["device"].startswith("cpu")
+    assert rep["prompts"] == {"source": str(prompts), "count": 2, "max_new_tokens": 5}
+    gpu = [c for c in rep["checks"] if c["result"] == "skipped"]
+    assert len(gpu) == 4 and all(c["detail"] == "no CUDA device" for c in gpu)
+    assert [c["ok"] for c in rep["checks"] if c not in gpu] == [True]  # one sync per step
+    assert "eagle eager: max 1" in rep["checks"][-1]["detail"]
+    for section in ("timings", "syncs_per_iteration", "phase_ms"):
+        rows = rep[section]
+        assert {r["status"] for r in rows if r["graphs"]} == {"skipped"}
+        assert all("no CUDA device" in r["reason"] for r in rows if r["graphs"])
+        assert {r["status"] for r in rows if not r["graphs"]} == {"ran"}
+    plain, eagle = (next(t for t in rep["timings"] if t["mode"] == m and not t["graphs"])
+                    for m in ("plain", "eagle"))
+    assert plain["tokens"] == eagle["tokens"] > 0 and plain["prompts"] == 2
+    assert eagle["greedy_same_as_plain"] == "2/2" and eagle["tau"] >= 1 and plain["tau"] is None
+    speedups = {s["name"]: s for s in rep["speedups"]}
+    assert speedups["eagle eager vs plain eager"]["value"] == pytest.approx(
+        eagle["tokens_per_s"] / plain["tokens_per_s"], abs=2e-3)
+    assert speedups["eagle graphs vs plain graphs"]["status"] == "skipped"
+    greedy = [r for r in rep["syncs_per_iteration"] if r["status"] == "ran"
+              and r["sampling"] == "greedy"]
+    assert [r["per_iteration_max"] for r in greedy] == [1, 1]
+    assert all(r["counter"] == "HostSyncs" and r["iterations"] >= 1 for r in greedy)
+    phases = {p["mode"]: p["ms"] for p in rep["phase_ms"] if p["status"] == "ran"}
+    assert set(phases["plain"]) == {"prefill", "decode"}
+    assert set(phases["eagle"]) == {"prefill", "draft", "verify", "extend"}
+    assert all(v > 0 for ms in phases.values() for v in ms.values())
+    assert main(["selfcheck", "--report", str(out), "--limit", "1", "--time-budget-s", "0"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["prompts"]["source"] == "built-in"
+    assert {r["status"] for r in rep["timings"]} == {"skipped"}
+    assert all("time budget" in r["reason"] for r in rep["timings"] if not r["graphs"])
+    assert rep["checks"][-1]["result"] == "skipped"

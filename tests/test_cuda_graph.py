@@ -104,14 +104,15 @@ def test_decode_runner_equals_the_baseline_step() -> None:
     prompt = torch.arange(3, 13)
     for cache in (eager_cache, static_cache):
         out = target(prompt[None], torch.arange(10)[None], cache, 0, causal_mask(10, 0, "cpu"))
-    token = int(out.logits[0, -1].argmax())
+    token = out.logits[0, -1:].argmax(-1)  # [1]
     for seq in range(10, 20):
         want = decode(target, token, seq, eager_cache)
         got = runner((token, seq))
-        assert torch.equal(want.argmax(), got.argmax())
+        assert want.shape == got.shape == (1, target.cfg.vocab_size)
+        assert torch.equal(want.argmax(-1), got.argmax(-1))
         # floats to rounding relative to the largest logit, as `selfcheck.phase_parity` compares
         torch.testing.assert_close(got, want, rtol=0, atol=5e-5 * want.abs().max().item())
-        token = int(want.argmax())
+        token = want.argmax(-1)
 
 
 def test_fallback_to_eager_when_the_call_does_not_fit() -> None:

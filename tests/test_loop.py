@@ -145,7 +145,7 @@ class Oracle:
         def run(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
                 tree: TreeParams) -> DraftTree:
             drafted = inner(model, inp, cache, tree)
-            assert len(self.tokens) == inp.seq_len + 1 and self.tokens[-1] == inp.root
+            assert len(self.tokens) == inp.seq_len + 1 and [self.tokens[-1]] == inp.root.tolist()
             return self.plant(drafted, self.continuation(tree.num_steps), tree)
         return run
 
@@ -184,7 +184,7 @@ class Oracle:
                      state: EagleDraftInput) -> None:
         """Rows [0, seq_len) of both caches == a fresh prefill of the committed tokens."""
         n, target = state.seq_len, self.engine.target
-        assert len(self.tokens) == n + 1 and self.tokens[n] == state.root
+        assert len(self.tokens) == n + 1 and [self.tokens[n]] == state.root.tolist()
         aux_ids = model.cfg.resolve_aux_layer_ids(target.cfg)
         fresh = target.new_cache(max_len=n)
         positions, mask = torch.arange(n)[None], causal_mask(n, 0, "cpu")

@@ -33,7 +33,7 @@ def verify_tree_greedy(tokens: torch.Tensor, parents: torch.Tensor, ancestors: t
     correct[0] = True
     ok = ~(ancestors & ~correct[None, :]).any(-1)  # [N] every node on the path is correct
     best = torch.where(ok, depth, -1).argmax()
-    return best, depth[best]
+    return best, depth.index_select(0, best.reshape(1)).reshape(())  # no host read of `best`
 
 
 def compact_kv(cache: torch.Tensor, src_rows: torch.Tensor, dst_start: int) -> None:
