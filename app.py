@@ -3,7 +3,8 @@ coloured token spans, with sidebar controls, speed tiles, the draft tree and a b
 
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
 model package, engine load with warm-up, plus a copy of the target with the other weights
-(q4 <-> dense) on a CPU, launch on GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
+(q4 <-> dense) on a CPU, each target's plain-decoding speed for the speedup estimate, launch on
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
 Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ import gradio as gr
 from eagle_engine import ui_render as ui
 from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
 from eagle_engine.events import StepEvent
+from eagle_engine.speed_estimate import Estimate, PlainRate, estimate, measure
 
 log = logging.getLogger("app")
 T = TypeVar("T")
@@ -79,11 +81,13 @@ class Playground:
     a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
     Both engines share the tokenizer and carry the same heads."""
 
-    def __init__(self, engines: Sequence[Any], worker: EngineThread,
-                 frame_interval: float) -> None:
+    def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
+                 rates: Mapping[str, PlainRate] | None = None) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.frame_interval = frame_interval
+        # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
+        self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
         """Readable reasons to refuse a request (the engine's messages name the parameter)."""
@@ -119,7 +123,7 @@ class Playground:
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         sampling, tree, head = s.request(self.heads)
-        engine = self.engines[s.weights]
+        engine, rate = self.engines[s.weights], self.rates[s.weights]
         messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
         ids = engine.encode(messages)
         t0 = time.perf_counter()
@@ -130,33 +134,40 @@ class Playground:
             turns[-1] = answer_turn(user_text, view)
             status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                       f"({head or 'baseline'}, step {ev.step})")
-            yield self._frame(turns, status, view, head, None, s.weights)
+            yield self._frame(turns, status, view, head, None, s.weights,
+                              estimate(rate, len(ids), view.stats) if head else None)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
+        # the estimate comes before any baseline of this prompt refreshes the rate
+        est = estimate(rate, len(ids), view.stats) if head else None
         speedup, base = None, None
-        if s.compare and head is not None:
+        if head is None:
+            rate.observe(len(ids), view.stats)
+        elif s.compare:
             base = ui.AnswerView()
             for _ in paced(self._steps(engine, ids, sampling, tree, None), base.add,
                            self.frame_interval):
                 yield pack(status=f"Baseline… {base.num_tokens} tokens",
                            compare=ui.compare_html(view, base, sampling.greedy, False))
+            rate.observe(len(ids), base.stats)
             b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
             speedup = tps / b_tps if b_tps else None
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
                   f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}"
                   f" · {s.weights} target")
-        yield self._frame(turns, status, view, head, speedup, s.weights, base, sampling.greedy)
+        yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
+                          sampling.greedy)
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
-               speedup: float | None, weights: str, base: ui.AnswerView | None = None,
-               greedy: bool = True) -> tuple:
+               speedup: float | None, weights: str, est: Estimate | None,
+               base: ui.AnswerView | None = None, greedy: bool = True) -> tuple:
         return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
-                    tiles=ui.tiles_html(view.stats, head is not None, speedup),
+                    tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
                     plot=ui.steps_frame(view.accepted_per_step),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
                     compare=ui.compare_html(view, base, greedy, True) if base else gr.skip(),
-                    run=ui.run_record(view, head, speedup, base, greedy, weights)
+                    run=ui.run_record(view, head, speedup, base, greedy, weights, est)
                     if status.startswith("Done") else gr.skip())
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
@@ -284,7 +295,9 @@ def _main_panel() -> dict[str, Any]:
     gr.Markdown("## EAGLE-3 Playground\nA small draft head proposes a tree of tokens; the "
                 "target verifies it in one forward pass. Hover a token for its step and depth.")
     gr.HTML(ui.legend_html(), elem_id="legend")
-    o["chat"] = gr.Chatbot(label="Chat", height=420, render_markdown=False, elem_id="chat")
+    # no visible label: Gradio draws it over the answer's first line
+    o["chat"] = gr.Chatbot(label="Chat", show_label=False, height=420, render_markdown=False,
+                           elem_id="chat")
     o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something…", lines=2,
                              max_lines=8, elem_id="prompt")
     with gr.Row():
@@ -307,9 +320,11 @@ def _main_panel() -> dict[str, Any]:
 
 
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
-               frame_interval: float = FRAME_INTERVAL_S) -> gr.Blocks:
-    """The Blocks over `engines` (the first is the default "Target weights")."""
-    pg = Playground(engines, worker or EngineThread(), frame_interval)
+               frame_interval: float = FRAME_INTERVAL_S,
+               rates: Mapping[str, PlainRate] | None = None) -> gr.Blocks:
+    """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
+    plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines."""
+    pg = Playground(engines, worker or EngineThread(), frame_interval, rates)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
         o = _main_panel()
@@ -415,7 +430,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     args = parse_args(argv)
     worker = EngineThread()
-    demo = build_demo(worker.call(load_engines, args), worker)
+    engines = worker.call(load_engines, args)
+    t0 = time.perf_counter()
+    rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
+    log.info("plain decoding speed measured in %.1f s (for the speedup estimate)",
+             time.perf_counter() - t0)
+    demo = build_demo(engines, worker, rates=rates)
     demo.queue(max_size=16, default_concurrency_limit=1)
     demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
 

@@ -16,6 +16,7 @@ import pandas as pd
 from .config import ConfigError, SamplingParams, TreeParams
 from .engine import DEFAULT_HEAD
 from .events import StepEvent, TreeNode
+from .speed_estimate import Estimate
 
 KIND_CLASS = {"accepted": "tok-acc", "rejected": "tok-rej", "bonus": "tok-bonus",
               "target": "tok-target"}
@@ -34,13 +35,25 @@ class HeadLike(Protocol):
     draft_vocab_size: int
 
 
-def span_html(text: str, kind: str, step: int, depth: int) -> str:
-    """One token as an escaped span with its kind's class and a (kind, step, depth) tooltip."""
+def span_html(text: str, kind: str, step: int, depth: int, in_code: bool = False) -> str:
+    """One token as an escaped span with its kind's class and a (kind, step, depth) tooltip.
+    Inside a code block tokens get the `in-code` class (monospace), and a rejected draft
+    becomes an empty marker whose tooltip holds its text, so the code reads as code."""
     if not text:
         return ""
     tip = f"{KIND_LABEL[kind]} · step {step}" + (f" · depth {depth}" if depth else "")
+    cls = f"tok {KIND_CLASS[kind]}" + (" in-code" if in_code else "")
+    if kind == "rejected" and in_code:
+        tip = html.escape(f"{tip}: {text!r}")
+        return f'<del class="{cls} rej-mark" title="{tip}" aria-label="{tip}"></del>'
     tag = "del" if kind == "rejected" else "span"
-    return f'<{tag} class="tok {KIND_CLASS[kind]}" title="{tip}">{html.escape(text)}</{tag}>'
+    return f'<{tag} class="{cls}" title="{tip}">{html.escape(text)}</{tag}>'
+
+
+def in_code_block(text: str) -> bool:
+    """Whether text that follows `text` lies inside a Markdown fenced code block (an odd
+    number of ``` fences so far)."""
+    return text.count("```") % 2 == 1
 
 
 def legend_html() -> str:
@@ -83,6 +96,7 @@ class AnswerView:
     parts: list[str] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     text: str = ""
+    shown: str = ""  # the kept spans' text: `text` less what a stop string held back
     accepted_per_step: list[int] = field(default_factory=list)
     tree: list[TreeNode] = field(default_factory=list)
     tree_step: int = 0
@@ -90,8 +104,11 @@ class AnswerView:
     finished: str | None = None
 
     def _add(self, text: str, kind: str, step: int, depth: int) -> None:
-        self.parts.append(span_html(text, kind, step, depth))
+        """Append a span; the answer's kept text so far says whether it is inside code."""
+        self.parts.append(span_html(text, kind, step, depth, in_code_block(self.shown)))
         self.spans.append({"text": text, "kind": kind, "step": step, "depth": depth})
+        if kind != "rejected":
+            self.shown += text
 
     def add(self, ev: StepEvent) -> None:
         """Accepted drafts, then the rejected drafts the bonus token replaced, then the bonus."""
@@ -129,11 +146,27 @@ def acceptance_rate(stats: dict[str, Any]) -> float | None:
 
 
 def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
-    return (f'<div class="tile" id="{tile_id}" title="{hint}"><div class="tile-value">{value}'
-            f'</div><div class="tile-label">{label}</div></div>')
+    return (f'<div class="tile" id="{tile_id}" title="{html.escape(hint)}">'
+            f'<div class="tile-value">{value}</div><div class="tile-label">{label}</div></div>')
 
 
-def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None) -> str:
+def speedup_tile(speedup: float | None, estimate: Estimate | None,
+                 stats: dict[str, Any]) -> str:
+    """The measured speedup when the baseline ran, else the estimate, marked as one."""
+    if speedup:
+        return _tile("tile-speedup", f"{speedup:.2f}×", "speedup vs baseline (measured)",
+                     "EAGLE tokens/s ÷ baseline tokens/s, both measured on this prompt")
+    if estimate:
+        hint = estimate.explain(int(stats.get("num_tokens", 0)), stats.get("elapsed_s", 0.0))
+        return _tile("tile-speedup", f"≈{estimate.speedup:.2f}×",
+                     'speedup vs plain <span class="est-badge">estimate</span>', hint)
+    return _tile("tile-speedup", "—", "speedup vs baseline",
+                 "shown for EAGLE-3 answers: estimated from the target's plain-decoding speed, "
+                 "or measured with 'compare with baseline'")
+
+
+def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
+               estimate: Estimate | None = None) -> str:
     rate = acceptance_rate(stats) if eagle else None
     tau = stats.get("tau", 0.0)
     tiles = [
@@ -143,8 +176,7 @@ def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None)
               "tokens per target forward (accepted drafts + 1)"),
         _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",
               "accepted draft tokens / (steps × draft depth)"),
-        _tile("tile-speedup", f"{speedup:.2f}×" if speedup else "—", "speedup vs baseline",
-              "EAGLE tokens/s ÷ baseline tokens/s (turn on 'compare with baseline')"),
+        speedup_tile(speedup, estimate if eagle else None, stats),
     ]
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
@@ -297,11 +329,13 @@ SETTING_NAMES = [f.name for f in fields(Settings)]
 
 
 def run_record(view: AnswerView, head: str | None, speedup: float | None,
-               base: AnswerView | None, greedy: bool, weights: str) -> dict[str, Any]:
+               base: AnswerView | None, greedy: bool, weights: str,
+               estimate: Estimate | None = None) -> dict[str, Any]:
     """The JSON summary of a finished answer (and its baseline run, when compared)."""
     return {"head": head, "weights": weights, "text": view.text, "spans": view.spans,
             "stats": view.stats,
             "finished": view.finished, "speedup": speedup,
+            "speedup_estimate": estimate and estimate.speedup,
             "baseline": base and {"text": base.text, "stats": base.stats},
             "greedy_identical": base.text == view.text if base and greedy else None}
 

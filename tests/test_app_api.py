@@ -93,6 +93,24 @@ def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServ
     assert "<svg" in final[OUT["tree"]] and "verify" in final[OUT["timing"]]
 
 
+ESTIMATE_TOLERANCE = 0.35  # |estimate / measured - 1|: both are timings on a shared 2-core CPU
+
+
+def test_speedup_estimate_is_near_the_measured_speedup(app_server: AppServer) -> None:
+    """Every EAGLE-3 answer carries an estimated speedup (the target's plain speed measured at
+    start-up); with "compare" on, the measured one. On a fixed prompt they agree within
+    ESTIMATE_TOLERANCE, and the tile shows the measured figure."""
+    final = app_server.client().predict(PROMPT, max_new_tokens=96, temperature=0.0,
+                                        compare=True, api_name="/chat")
+    run = final[OUT["run"]]
+    est, measured = run["speedup_estimate"], run["speedup"]
+    assert est and measured, run
+    assert abs(est / measured - 1) <= ESTIMATE_TOLERANCE, (est, measured)
+    assert f"{measured:.2f}×" in final[OUT["tiles"]] and "(measured)" in final[OUT["tiles"]]
+    alone = app_server.client().predict(PROMPT, max_new_tokens=8, api_name="/chat")
+    assert "≈" in alone[OUT["tiles"]] and "estimate" in alone[OUT["tiles"]]
+
+
 def test_trained_head_accepts_drafts(app_server: AppServer) -> None:
     if not app_server.trained_heads:
         pytest.skip("no trained heads in assets/heads: random heads accept nothing")
@@ -157,9 +175,10 @@ def test_sessions_are_isolated_and_multi_turn(app_server: AppServer) -> None:
 def test_stop_leaves_engine_ready_for_an_identical_answer(app_server: AppServer) -> None:
     from gradio_client.utils import Status
 
-    fresh = app_server.client().predict(PROMPT, **SMALL, api_name="/chat")[OUT["run"]]["text"]
+    story = "Write a long story about a robot who learns to paint."  # runs past the cancel
+    fresh = app_server.client().predict(story, **SMALL, api_name="/chat")[OUT["run"]]["text"]
     client = app_server.client()
-    job = client.submit(PROMPT, max_new_tokens=200, api_name="/chat")
+    job = client.submit(story, max_new_tokens=400, api_name="/chat")
     while len(job.outputs()) < 4 and not job.done():
         time.sleep(0.05)
     job.cancel()
@@ -344,6 +363,49 @@ def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[Step
     assert "✓" in ui.tree_svg(view.tree, view.tree_step) and "&lt;b&gt;" in ui.tree_svg(view.tree)
     assert "depth 2 · draft path probability 0.35 · not accepted" in ui.tree_svg(view.tree)
     assert ui.acceptance_rate(view.stats) == 0.25
+
+
+def test_code_blocks_show_rejected_drafts_as_markers_and_prose_keeps_them_inline() -> None:
+    """Inside a ``` block a rejected draft is an empty marker whose tooltip holds its escaped
+    text and kept tokens are monospace; after the block, rejected drafts are struck-through
+    text again. Nothing model-written reaches the page unescaped in either form."""
+    from eagle_engine import ui_render as ui
+    from eagle_engine.events import TokenSpan as T
+
+    view = ui.AnswerView()
+    view.add(StepEvent(0, "eagle", [T(1, "Code:\n``", "target", 0)], "Code:\n``"))
+    view.add(StepEvent(1, "eagle", [T(2, "`py\n", "accepted", 1), T(3, "a = <b>", "bonus", 0)],
+                       "`py\na = <b>", rejected=[T(4, "x < \"y\"", "rejected", 2)]))
+    view.add(StepEvent(2, "eagle", [T(5, "\n```", "bonus", 0)], "\n```",
+                       rejected=[T(6, " & z", "rejected", 1)]))
+    view.add(StepEvent(3, "eagle", [T(7, "\nDone", "bonus", 0)], "\nDone",
+                       rejected=[T(8, " <i>", "rejected", 1)]))
+    html = view.html()
+    tip = "rejected draft · step 1 · depth 2: &#x27;x &lt; &quot;y&quot;&#x27;"
+    assert f'<del class="tok tok-rej in-code rej-mark" title="{tip}" aria-label="{tip}"></del>' \
+        in html
+    assert 'title="rejected draft · step 2 · depth 1: &#x27; &amp; z&#x27;"' in html
+    assert ('<span class="tok tok-bonus in-code" title="target token (bonus) · step 1 · depth 2">'
+            'a = &lt;b&gt;') in html
+    assert '<del class="tok tok-rej" title="rejected draft · step 3 · depth 1"> &lt;i&gt;</del>' \
+        in html
+    assert '<span class="tok tok-bonus" title="target token (bonus) · step 3 · depth 1">' in html
+    assert "<b>" not in html and "<i>" not in html and '"y"' not in html
+    assert view.text == "Code:\n```py\na = <b>\n```\nDone"
+
+
+def test_speedup_tile_shows_the_estimate_until_a_measured_speedup_replaces_it() -> None:
+    from eagle_engine import ui_render as ui
+    from eagle_engine.speed_estimate import Estimate
+
+    stats = {"num_tokens": 41, "elapsed_s": 0.3, "tau": 1.5, "tokens_per_s": 136.7}
+    est = Estimate(1.37, 0.41, 0.2, 5.25)
+    tile = ui.tiles_html(stats, True, None, est)
+    assert "≈1.37×" in tile and "estimate</span>" in tile
+    assert "Estimated, not measured" in tile and "40 steps × 5.2 ms" in tile
+    measured = ui.tiles_html(stats, True, 1.21, est)
+    assert "1.21×" in measured and "≈" not in measured and "(measured)" in measured
+    assert "≈" not in ui.tiles_html(stats, False, None, est)  # the baseline has no speedup
 
 
 def test_import_has_no_side_effects() -> None:

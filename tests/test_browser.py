@@ -3,7 +3,8 @@ tests/app_fixtures.py. A person's path through the page: it loads offline with a
 sidebar, a typed prompt streams an answer with the token kinds in the legend's styles, the
 sidebar controls show their effect, Stop freezes the answer and the page keeps working, bad
 input gives a toast, two tabs keep their own chats. The token pane is compared with
-assets/screenshots/token_pane_ref.png (UPDATE_SCREENSHOTS=1 rewrites it and the README shot).
+assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
+code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
 from __future__ import annotations
 
@@ -134,7 +135,47 @@ def test_answer_streams_with_three_token_kinds(probe: PageProbe, app_server: App
     expect()(page.locator("#compare-base .tok-target").first).to_be_attached()
     expect()(page.locator("#tree svg")).to_be_visible()
     expect()(page.locator("#timing")).to_contain_text("verify")
+    ex = expect()
+    ex(page.locator("#tile-speedup .tile-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
+    ex(page.locator("#tile-speedup")).to_contain_text("(measured)")
+    assert probe.external_requests == [] and probe.console_errors == []
+
+
+# The chat's label must not lie over the answer's first line (it did, as an overlay).
+LABEL_OVER_FIRST_LINE_JS = """() => {
+  const tok = document.querySelector('#chat [data-testid="bot"] .tok');
+  const t = tok.getBoundingClientRect();
+  return [...document.querySelectorAll('#chat [data-testid="block-label"], #chat label')]
+    .map(l => l.getBoundingClientRect())
+    .filter(r => r.width > 0 && r.left < t.right && t.left < r.right && r.top < t.bottom
+                 && t.top < r.bottom).length;
+}"""
+
+
+def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -> None:
+    """A code question with "compare" off, as a visitor leaves it: the speedup tile shows an
+    estimate, marked as one, whose tooltip says how it was computed; code tokens are
+    monospace and rejected drafts inside the code are small markers holding their text in a
+    tooltip; nothing covers the answer's first line. The README screenshot is this page."""
+    page, ex = probe.page, expect()
+    ask(page, "Write a Python function that checks whether a number is prime.", 160)
+    wait_done(page)
+    answer = last_answer(page)
+    code = answer.locator(".tok.in-code >> visible=true").first
+    ex(code).to_have_css("font-family", re.compile("monospace"))
+    mark = answer.locator(".rej-mark").first
+    ex(mark).to_be_visible()
+    assert mark.inner_text() == ""
+    assert re.search(r"rejected draft · step \d+ · depth \d+: '", mark.get_attribute("title"))
+    ex(mark).to_have_css("text-decoration-line", "none")
+    tile = page.locator("#tile-speedup")
+    ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^≈\d+\.\d\d×$"))
+    ex(tile.locator(".est-badge")).to_have_text("estimate")
+    assert "Estimated, not measured" in (tile.get_attribute("title") or "")
+    page.locator("#chat [data-testid='bot']").first.scroll_into_view_if_needed()
+    assert page.evaluate(LABEL_OVER_FIRST_LINE_JS) == 0
     page.mouse.move(0, 0)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "app_answer.png"), animations="disabled", caret="hide")
     if UPDATE:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -265,15 +306,29 @@ def changed_fraction(actual: Path, expected: Path, diff_path: Path) -> float:
     return changed / (a.size[0] * a.size[1])
 
 
+def code_events() -> list[Any]:
+    """A fixed code block after the fixed prose answer, with a rejected draft inside it."""
+    from eagle_engine.events import StepEvent
+    from eagle_engine.events import TokenSpan as T
+
+    return [StepEvent(3, "eagle", [T(20, "\n```py\n", "bonus", 0), T(21, "def", "accepted", 1),
+                                   T(22, " f(x):", "bonus", 0)], "\n```py\ndef f(x):",
+                      rejected=[T(23, " g(", "rejected", 2)]),
+            StepEvent(4, "eagle", [T(24, "\n    return", "accepted", 1),
+                                   T(25, " x <b>\n```", "bonus", 0)],
+                      "\n    return x <b>\n```", rejected=[T(26, " y", "rejected", 2)])]
+
+
 def test_token_pane_matches_reference(probe: PageProbe, fixed_events: list[Any]) -> None:
-    """Fixed events rendered by ui_render into the chat's answer bubble, compared pixel-wise."""
+    """Fixed events rendered by ui_render into the chat's answer bubble (prose, then a code
+    block with its rejected drafts as markers), compared pixel-wise."""
     from eagle_engine import ui_render as ui
 
     page = probe.page
     ask(page, "Say hi.", 2)
     wait_done(page)
     view = ui.AnswerView()
-    for ev in fixed_events:
+    for ev in fixed_events + code_events():
         view.add(ev)
     answer = last_answer(page)
     answer.locator(".md").first.evaluate("(e, html) => { e.innerHTML = html; }", view.html())
