@@ -26,7 +26,7 @@ from eagle_engine.models.cpu_lowbit import FusedDecoder, LowBitLinear
 from eagle_engine.models.loader import load_target, load_tokenizer, resolve_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import make_hf_qwen3_target, tiny_engine
-from tests.test_target import hf_greedy, our_greedy_logits, prompt
+from tests.test_target import assert_cached_greedy_parity, hf_greedy, prompt
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -37,7 +37,6 @@ CONFIGS = {  # head_dim 16 (make_hf_qwen3_target's default) or 12, != hidden / h
     "gqa4to1_tied": dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
                          rope_theta=1e6),
 }
-GREEDY_STEPS = 16
 
 
 @dataclass
@@ -95,13 +94,7 @@ def test_prefill_logits_and_aux_match(pair: Pair) -> None:
 
 
 def test_greedy_and_cached_decode_match(pair: Pair) -> None:
-    ids = prompt(seed=2)
-    ref_tokens = hf_greedy(pair.hf, ids, GREEDY_STEPS)
-    tokens, logits = our_greedy_logits(pair.ours, ids, GREEDY_STEPS)
-    assert tokens == ref_tokens
-    with torch.no_grad():  # one full forward over the final sequence scores every step
-        ref_logits = pair.hf(torch.tensor([ids + ref_tokens])).logits[0, len(ids) - 1:-1]
-    torch.testing.assert_close(logits, ref_logits, atol=2e-5 * ref_logits.abs().max(), rtol=1e-4)
+    assert_cached_greedy_parity(pair.ours, pair.hf, prompt(seed=2))
 
 
 def test_qk_norms_change_the_logits(pair: Pair) -> None:

@@ -149,14 +149,22 @@ def test_prefill_logits_and_aux_match(pair: Pair) -> None:
     torch.testing.assert_close(out.aux_hidden, expected_aux, atol=1e-4, rtol=1e-4)
 
 
-def test_greedy_and_cached_decode_match(pair: Pair) -> None:
-    ids = prompt(seed=2)
-    ref_tokens = hf_greedy(pair.hf, ids, GREEDY_STEPS)
-    tokens, logits = our_greedy_logits(pair.ours, ids, GREEDY_STEPS)
+def assert_cached_greedy_parity(ours: TargetModel, hf: torch.nn.Module, ids: list[int]
+                                ) -> list[int]:
+    """Our cached greedy decode gives transformers' greedy tokens and its logits at every step;
+    returns those tokens."""
+    ref_tokens = hf_greedy(hf, ids, GREEDY_STEPS)
+    tokens, logits = our_greedy_logits(ours, ids, GREEDY_STEPS)
     assert tokens == ref_tokens
     with torch.no_grad():  # one full forward over the final sequence scores every step
-        ref_logits = pair.hf(torch.tensor([ids + ref_tokens])).logits[0, len(ids) - 1:-1]
+        ref_logits = hf(torch.tensor([ids + ref_tokens])).logits[0, len(ids) - 1:-1]
     torch.testing.assert_close(logits, ref_logits, atol=2e-5 * ref_logits.abs().max(), rtol=1e-4)
+    return ref_tokens
+
+
+def test_greedy_and_cached_decode_match(pair: Pair) -> None:
+    ids = prompt(seed=2)
+    ref_tokens = assert_cached_greedy_parity(pair.ours, pair.hf, ids)
     batch_tokens = generate_batch(pair.ours, [ids], SamplingParams(max_new_tokens=GREEDY_STEPS), ())
     assert batch_tokens == [ref_tokens]
 
