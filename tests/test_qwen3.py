@@ -26,7 +26,7 @@ from eagle_engine.models.cpu_lowbit import FusedDecoder, LowBitLinear
 from eagle_engine.models.loader import load_target, load_tokenizer, resolve_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import make_hf_qwen3_target, tiny_engine
-from tests.test_target import assert_cached_greedy_parity, hf_greedy, prompt
+from tests.test_target import assert_cached_greedy_parity, hf_greedy, prefill_parity, prompt
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -76,12 +76,7 @@ def test_prefill_logits_and_aux_match(pair: Pair) -> None:
     ids = prompt()
     L = pair.ours.cfg.num_layers
     aux_ids = (0, 2, L // 2, L - 1, L)
-    with torch.no_grad():
-        ref = pair.hf(torch.tensor([ids]), output_hidden_states=True)
-    out = pair.ours(torch.tensor([ids]), torch.arange(len(ids))[None], pair.ours.new_cache(), 0,
-                    causal_mask(len(ids), 0, "cpu"), aux_ids)
-    scale = ref.logits.abs().max()
-    torch.testing.assert_close(out.logits, ref.logits, atol=2e-5 * scale, rtol=1e-4)
+    ref, out = prefill_parity(pair.ours, pair.hf, ids, aux_ids)
     torch.testing.assert_close(out.final_hidden, ref.hidden_states[L], atol=1e-5, rtol=1e-5)
     H = pair.ours.cfg.hidden_size
     aux = out.aux_hidden.split(H, dim=-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.layers import attend, score_bias
 from eagle_engine.models.loader import load_target
-from eagle_engine.models.target import TargetModel
+from eagle_engine.models.target import TargetModel, TargetOutput
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -134,16 +135,24 @@ def test_rope_inverse_frequencies_match(pair: Pair) -> None:
     assert ours.cos.shape[-1] == hd
 
 
+def prefill_parity(ours: TargetModel, hf: torch.nn.Module, ids: list[int],
+                   aux_ids: tuple[int, ...]) -> tuple[Any, TargetOutput]:
+    """Transformers' forward (with hidden states) and our prefill over `ids`, logits asserted
+    equal; returns both outputs for the caller's aux checks."""
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids]), output_hidden_states=True)
+    out = ours(torch.tensor([ids]), torch.arange(len(ids))[None], ours.new_cache(), 0,
+               causal_mask(len(ids), 0, "cpu"), aux_ids)
+    torch.testing.assert_close(out.logits, ref.logits, atol=2e-5 * ref.logits.abs().max(),
+                               rtol=1e-4)
+    return ref, out
+
+
 def test_prefill_logits_and_aux_match(pair: Pair) -> None:
     ids = prompt()
     L = pair.ours.cfg.num_layers
     aux_ids = (2, L // 2, L - 3)
-    with torch.no_grad():
-        ref = pair.hf(torch.tensor([ids]), output_hidden_states=True)
-    out = pair.ours(torch.tensor([ids]), torch.arange(len(ids))[None], pair.ours.new_cache(), 0,
-                    causal_mask(len(ids), 0, "cpu"), aux_ids)
-    scale = ref.logits.abs().max()
-    torch.testing.assert_close(out.logits, ref.logits, atol=2e-5 * scale, rtol=1e-4)
+    ref, out = prefill_parity(pair.ours, pair.hf, ids, aux_ids)
     expected_aux = torch.cat([ref.hidden_states[i] for i in aux_ids], dim=-1)
     assert out.aux_hidden.shape == (1, len(ids), 3 * pair.ours.cfg.hidden_size)
     torch.testing.assert_close(out.aux_hidden, expected_aux, atol=1e-4, rtol=1e-4)
