@@ -7,8 +7,7 @@ Acceptance runs on the device without reading anything on the host: every node g
 if its parent is" (greedy: its token is the target's argmax after the parent; sampling: its
 level's coin falls in its slice of the parent's distribution), the accepted path is the deepest
 node whose ancestors all pass, and its result is padded to the tree's depth
-(`EagleVerifyOutput`). `accept_greedy` / `accept_sampled` read that result back (the path and
-the bonus token), for tests and checks; the engine reads it in `accept.read_back`.
+(`EagleVerifyOutput`); the engine reads it back in `accept.read_back`.
 Not here: cache compaction, the host copy or the draft extend (`accept.py`).
 """
 from __future__ import annotations
@@ -91,19 +90,3 @@ def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: Samp
     bonus = sample_from(torch.where(residual.sum() > 0, residual, p), generator).reshape(1)
     return accepted_path(vin, best, bonus)
 
-
-def on_host(vout: EagleVerifyOutput) -> tuple[torch.Tensor, int]:
-    """-> (accepted node path [num_accepted + 1] root first, bonus token); reads the host."""
-    n = int(vout.num_accepted)
-    return vout.accepted_nodes[:n + 1], int(vout.emitted[n])
-
-
-def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`greedy_acceptance`, read back: (accepted node path root first, bonus token)."""
-    return on_host(greedy_acceptance(vin, logits))
-
-
-def accept_sampled(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
-                   generator: torch.Generator | None) -> tuple[torch.Tensor, int]:
-    """`sampled_acceptance`, read back: (accepted node path root first, bonus token)."""
-    return on_host(sampled_acceptance(vin, logits, params, generator))

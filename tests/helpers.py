@@ -1,5 +1,6 @@
 """Tiny random models for tests: an HF Llama or Qwen3 target saved to disk, our own modules
-built from it, and random EAGLE-3 heads in any checkpoint convention."""
+built from it, random EAGLE-3 heads in any checkpoint convention, and the acceptance rules read
+back on the host (the engine reads them in `accept.read_back`)."""
 from __future__ import annotations
 
 import json
@@ -7,11 +8,13 @@ from pathlib import Path
 
 import torch
 
-from eagle_engine.config import DraftConfig, EngineConfig, TargetConfig
+from eagle_engine.config import DraftConfig, EngineConfig, SamplingParams, TargetConfig
 from eagle_engine.engine import EagleEngine
+from eagle_engine.io_struct import EagleVerifyInput, EagleVerifyOutput
 from eagle_engine.models.draft_io import draft_config_dict, export_state
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
+from eagle_engine.verify import greedy_acceptance, sampled_acceptance
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -127,3 +130,20 @@ def tiny_engine(tmp: Path, heads: dict[str, dict] | None = None, dtype: str = "f
                                            dtype=dtype, max_len=max_len, weights=weights),
                                ByteTokenizer())
     return engine
+
+
+def accept_on_host(vout: EagleVerifyOutput) -> tuple[torch.Tensor, int]:
+    """-> (accepted node path [num_accepted + 1] root first, bonus token), read on the host."""
+    n = int(vout.num_accepted)
+    return vout.accepted_nodes[:n + 1], int(vout.emitted[n])
+
+
+def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`verify.greedy_acceptance`, read back: (accepted node path root first, bonus token)."""
+    return accept_on_host(greedy_acceptance(vin, logits))
+
+
+def accept_sampled(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, int]:
+    """`verify.sampled_acceptance`, read back: (accepted node path root first, bonus token)."""
+    return accept_on_host(sampled_acceptance(vin, logits, params, generator))

@@ -175,12 +175,17 @@ def test_checkpoint_uses_the_convention(case: Case) -> None:
     assert ("d2t" in names) == layout.d2t and ("lm_head.weight" in names) == layout.lm_head
 
 
-def test_loaded_outputs_equal_reference(case: Case, tiny_target: TargetModel) -> None:
-    ref_logits, ref_hidden = outputs(case.ref)
-    logits, hidden = outputs(case.loaded)
+def assert_same_outputs(loaded: Eagle3Draft, ref: Eagle3Draft) -> None:
+    """Same logits, recycled hidden states and draft -> target id map as the reference."""
+    ref_logits, ref_hidden = outputs(ref)
+    logits, hidden = outputs(loaded)
     torch.testing.assert_close(logits, ref_logits, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(hidden, ref_hidden, atol=1e-6, rtol=1e-6)
-    assert torch.equal(case.loaded.hot_ids, case.ref.hot_ids)
+    assert torch.equal(loaded.hot_ids, ref.hot_ids)
+
+
+def test_loaded_outputs_equal_reference(case: Case, tiny_target: TargetModel) -> None:
+    assert_same_outputs(case.loaded, case.ref)
     # the written config spells out the aux ids the reference resolves from the target
     assert replace(case.loaded.cfg, aux_layer_ids=None) == replace(case.ref.cfg, aux_layer_ids=None)
     assert case.loaded.cfg.resolve_aux_layer_ids(tiny_target.cfg) == \

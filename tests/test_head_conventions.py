@@ -34,7 +34,7 @@ from eagle_engine.inspect_draft import inspect_draft
 from eagle_engine.models.draft_io import export_state, save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
-from tests.test_draft_io import Layout, load, make_reference, outputs, report
+from tests.test_draft_io import Layout, assert_same_outputs, load, make_reference, outputs, report
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -176,11 +176,7 @@ def case(request: pytest.FixtureRequest, tiny_target: TargetModel,
 
 
 def test_loaded_head_equals_reference(case: Case, tiny_target: TargetModel) -> None:
-    ref_logits, ref_hidden = outputs(case.ref)
-    logits, hidden = outputs(case.loaded)
-    torch.testing.assert_close(logits, ref_logits, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(hidden, ref_hidden, atol=1e-6, rtol=1e-6)
-    assert torch.equal(case.loaded.hot_ids, case.ref.hot_ids)
+    assert_same_outputs(case.loaded, case.ref)
     assert torch.equal(case.loaded.lm_head.weight, case.ref.lm_head.weight)
     got, want = case.loaded.cfg, case.ref.cfg
     for name in ("hidden_size", "target_hidden_size", "head_dim", "num_layers", "num_aux",

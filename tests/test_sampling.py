@@ -2,7 +2,7 @@
 
 A synthetic target over a 5-token vocabulary (logits a fixed pseudo-random function of the
 prefix) and a fixed draft tree per prefix (depth 3, up to 3 siblings). Speculative rounds
-(`verify.accept_sampled` on the tree's logits, then a new tree after the emitted tokens) produce
+(`tests.helpers.accept_sampled` on the tree's logits, then a new tree after the emitted tokens) produce
 the first 3 tokens; their empirical joint distribution over 125 cells must match the target's
 exact autoregressive distribution (chi-square), plain and with top-k / top-p. Two deliberately
 broken acceptance rules must FAIL the same statistic, and a synthetic 5% bias must be detected
@@ -24,7 +24,7 @@ from eagle_engine.config import SamplingParams
 from eagle_engine.io_struct import EagleVerifyInput
 from eagle_engine.kernels import build_tree_from_parents
 from eagle_engine.sampling import next_token, sample_from, target_probs
-from eagle_engine.verify import accept_sampled
+from tests.helpers import accept_sampled
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

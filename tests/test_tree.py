@@ -15,7 +15,7 @@ from eagle_engine.config import ConfigError, SamplingParams, TreeParams
 from eagle_engine.io_struct import DraftTree, EagleVerifyInput
 from eagle_engine.kv_cache import causal_mask, tree_mask
 from eagle_engine.tree import build_tree
-from eagle_engine.verify import accept_greedy, accept_sampled
+from tests.helpers import accept_greedy, accept_sampled
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
