@@ -4,6 +4,7 @@ exported head loads into the engine and keeps greedy parity with the baseline.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -247,6 +248,21 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
         for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(p, q), name
     assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads
+
+    # stopped before its first step (the deadline passed while generating): a checkpoint and no
+    # log yet; the schedule is still to be fitted to --max-minutes on resume
+    timed = dataclasses.replace(params, max_minutes=60.0)
+    early = heads()
+    assert not trainer.train(early, lengths, make_batch, tmp_path / "early", timed, deadline=0.0)
+    assert early[0].log == []
+    assert torch.load(tmp_path / "early" / "checkpoint.pt", weights_only=True)["budget_set"] is False
+    resumed = heads()
+    assert trainer.train(resumed, lengths, make_batch, tmp_path / "early", params)
+    assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
+    for a, b in zip(whole, resumed):
+        for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+            assert torch.equal(p, q), name
+
     other = heads()[:1]
     other[0].name = "other"
     with pytest.raises(ConfigError, match=r"no state for heads \['other'\]"):

@@ -243,16 +243,18 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
         if missing:
             raise ConfigError(f"{ckpt} holds no state for heads {missing} (another run or an "
                               "older format): remove it or use another --work-dir")
-        step, total_steps, budget_set = state["step"], state["total_steps"], True
+        step, total_steps, budget_set = state["step"], state["total_steps"], state["budget_set"]
         for h in heads:
             h.model.load_state_dict(state["heads"][h.name]["model"], strict=False)
             h.opt.load_state_dict(state["heads"][h.name]["opt"])
-            h.log = [r for r in (json.loads(x) for x in logs[h.name].read_text().split("\n")
+            # a run stopped before its first step has a checkpoint but no log yet
+            text = logs[h.name].read_text() if logs[h.name].exists() else ""
+            h.log = [r for r in (json.loads(x) for x in text.split("\n")
                                  if x.strip()) if r["step"] <= step]  # later rows are redone
             logs[h.name].write_text("".join(json.dumps(r) + "\n" for r in h.log))
 
     def save() -> None:
-        torch.save({"step": step, "total_steps": total_steps,
+        torch.save({"step": step, "total_steps": total_steps, "budget_set": budget_set,
                     "heads": {h.name: {"model": h.model.state_dict(), "opt": h.opt.state_dict()}
                               for h in heads}}, ckpt.with_suffix(".tmp"))
         ckpt.with_suffix(".tmp").rename(ckpt)
