@@ -45,6 +45,32 @@ def test_quick_pipeline(tmp_path: Path) -> None:
     assert spec.token_ids == base.token_ids
 
 
+def test_saved_answers_seed_a_new_work_dir_without_generating(
+        tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001 - pytest fixtures
+    """`--responses` (gzipped, as in data/answers/) fills a fresh work directory, and training
+    runs without generating an answer; a missing file is named."""
+    import gzip
+
+    from eagle_engine.train import data
+
+    first = tmp_path / "work1"
+    args = ["train", "--quick", "--prompts", str(DATA), "--out", str(tmp_path / "head")]
+    assert main(args + ["--work-dir", str(first)]) == 0
+    saved = tmp_path / "answers.jsonl.gz"
+    saved.write_bytes(gzip.compress((first / "responses.jsonl").read_bytes()))
+
+    def no_generation(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError("generated although every answer was saved")
+
+    monkeypatch.setattr(data, "generate_batch", no_generation)
+    second = tmp_path / "work2"
+    assert main(args + ["--work-dir", str(second), "--responses", str(saved)]) == 0
+    assert (second / "responses.jsonl").read_text() == (first / "responses.jsonl").read_text()
+    assert main(args + ["--work-dir", str(tmp_path / "w3"), "--responses",
+                        str(tmp_path / "missing.jsonl.gz")]) == 2
+    assert "--responses" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("block", [128, 2, 3])
 def test_ttt_attention_matches_explicit_mask(block: int) -> None:
     """The TTT attention equals plain attention over [causal step-0 keys | own chain keys],
@@ -307,3 +333,21 @@ def test_auxnorm_head_normalizes_each_aux_chunk_before_fc() -> None:
         assert hasattr(model, "fc_norm") is fc_norm
         same = torch.allclose(model.project(feats), model.project(scaled), atol=1e-5)
         assert same is fc_norm
+
+
+def test_samples_per_source_can_leave_a_source_out() -> None:
+    from eagle_engine.config import ConfigError
+    from eagle_engine.train.data import answer_ids
+    from eagle_engine.train.pipeline import samples_by_source
+
+    def table(spec: str):  # noqa: ANN202
+        return samples_by_source(argparse.Namespace(samples_per_source=spec,
+                                                    samples_per_prompt=2))
+
+    samples = table("evalset=0,chat=3")
+    prompts = [{"id": "e", "source": "evalset"}, {"id": "c", "source": "chat"},
+               {"id": "m", "source": "math"}]
+    assert answer_ids(prompts, samples) == ["c", "c#1", "c#2", "m", "m#1"]
+    for bad in ("evalset", "=2", "chat=-1", "chat=x"):
+        with pytest.raises(ConfigError, match=f"item {bad!r} is not SOURCE=N"):
+            table(bad)

@@ -3,12 +3,15 @@ GSM8K does not dominate) and has the target answer them with its own chat templa
 similar length, mostly greedy with a share of sampled answers; more than one answer per prompt
 (per source: open-ended prompts gain most) adds sampled answers (ids `{id}#{j}`), new contexts
 without new prompts. Appends to a JSONL file and skips answers already written, so an
-interrupted run resumes (and more answers per prompt only generates the new ones). Not here:
+interrupted run resumes (and more answers per prompt only generates the new ones); a saved set
+(`data/answers/`) can seed it. Not here:
 features or training."""
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,6 +25,13 @@ from ..baseline import generate_batch
 from ..chat import encode_chat
 from ..config import SamplingParams
 from ..models.target import TargetModel
+
+
+def copy_responses(src: Path, dst: Path) -> None:
+    """Start a work directory's answers from a saved set (plain or gzipped JSONL)."""
+    opener = gzip.open if src.suffix == ".gz" else open
+    with opener(src, "rt") as f, dst.open("w") as out:
+        shutil.copyfileobj(f, out)
 
 
 def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -> list[dict]:

@@ -26,7 +26,7 @@ from ..config import ConfigError, DraftConfig, parse_dtype
 from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
-from .data import answer_ids, generate_responses, select_prompts
+from .data import answer_ids, copy_responses, generate_responses, select_prompts
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
 from .trainer import Batch, TrainParams, collate, new_head, train
@@ -60,7 +60,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples-per-prompt", type=int, default=2,
                    help="answers per prompt; all but the first are sampled")
     p.add_argument("--samples-per-source", default="",
-                   help="per-source answers per prompt, e.g. alpaca_eval=12,vicuna_bench=12")
+                   help="per-source answers per prompt, e.g. self_instruct_user=16,alpaca_eval=0 "
+                        "(0: no answers to that source)")
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--no-aux", action="store_true", help="EAGLE-1/2 style input (final hidden)")
     p.add_argument("--draft-vocab", type=int, default=8192)
@@ -75,6 +76,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="end this invocation cleanly after so many minutes (checkpoint and "
                         "heads written); the same command again resumes the schedule")
+    p.add_argument("--responses", type=Path, default=None,
+                   help="answers to start from (JSONL, or .jsonl.gz as in data/answers/): "
+                        "copied into --work-dir when it holds none, so that generation only "
+                        "adds the answers they lack")
     p.add_argument("--no-generate", action="store_true",
                    help="train on the responses already in --work-dir (skip generation)")
     p.add_argument("--init-from", type=Path, default=None,
@@ -110,12 +115,13 @@ def head_specs(args: argparse.Namespace) -> list[HeadSpec]:
 
 
 def samples_by_source(args: argparse.Namespace) -> Callable[[str], int]:
-    """`--samples-per-source a=12,b=4` over the `--samples-per-prompt` default."""
+    """`--samples-per-source a=12,b=4` over the `--samples-per-prompt` default; `a=0` leaves
+    source `a` out (an evaluation set among the prompts)."""
     table = {}
     for item in filter(None, args.samples_per_source.split(",")):
         name, _, n = item.partition("=")
-        if not n.isdigit() or int(n) < 1:
-            raise ConfigError(f"--samples-per-source item {item!r} is not SOURCE=N (N >= 1)")
+        if not name or not n.isdigit():
+            raise ConfigError(f"--samples-per-source item {item!r} is not SOURCE=N (N >= 0)")
         table[name] = int(n)
     return lambda source: table.get(source, args.samples_per_prompt)
 
@@ -190,6 +196,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
     target = load_target(directory, parse_dtype("bf16"), args.device, 2048)
     tokenizer = load_tokenizer(directory)
     responses = work / "responses.jsonl"
+    if args.responses is not None and not responses.exists():
+        if not args.responses.is_file():
+            raise ConfigError(f"--responses {args.responses}: no such file")
+        copy_responses(args.responses, responses)
     prompts = select_prompts(args.prompts, args.limit, args.seed)
     if not (args.no_generate and responses.exists()) and not generate_responses(
             target, tokenizer, prompts, responses, args.max_new_tokens, args.batch_size,
