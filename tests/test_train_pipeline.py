@@ -181,10 +181,16 @@ def test_heldout_accuracy_scores_every_answer_token(tiny_target) -> None:
 
     head = random_head(tiny_target.cfg, seed=1)
     prompts = [[1, 5, 9, 14], [1, 7, 3], [1, 20, 21, 22, 23, 24]]
-    accs, n = heldout_accuracy(head, tiny_target, prompts, (2,), 10, 3)
+    accs, n, coverage = heldout_accuracy(head, tiny_target, prompts, (2,), 10, 3)
     answers = generate_batch(tiny_target, prompts, SamplingParams(max_new_tokens=10), (2,))
     assert n == sum(len(a) - 1 for a in answers) > 0
     assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)
+    assert coverage == 1.0  # the whole vocabulary
+    half = random_head(tiny_target.cfg, seed=1, draft_vocab=48)
+    tokens = [t for a in answers for t in a]
+    share = sum(t in set(half.hot_ids.tolist()) for t in tokens) / len(tokens)
+    assert 0.0 < share < 1.0
+    assert heldout_accuracy(half, tiny_target, prompts, (2,), 10, 3)[2] == pytest.approx(share)
 
 
 def tiny_rows(vocab: int, n: int = 6, seed: int = 0) -> list[dict]:

@@ -2,7 +2,8 @@
 
 The target answers held-out prompts greedily, features are extracted as for training, and the
 head's per-step top-1 accuracy against the target (step 0 = first draft token, later steps fed
-their own outputs, as in training-time test) is computed by the trainer's own loss function.
+their own outputs, as in training-time test) is computed by the trainer's own loss function,
+beside how often the target's choice lies in the draft vocabulary at all.
 Set beside the training log's accuracy it shows how much of a head's skill is memorized.
 Not here: speed or tree acceptance (`bench.py`).
 """
@@ -41,8 +42,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
 @torch.no_grad()
 def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list[int]],
                      eos_ids: tuple[int, ...], max_new_tokens: int, ttt_length: int
-                     ) -> tuple[list[float], int]:
-    """-> (top-1 accuracy per TTT step over the scored answer tokens, number of tokens)."""
+                     ) -> tuple[list[float], int, float]:
+    """-> (top-1 accuracy per TTT step over the scored answer tokens, number of tokens, share of
+    the answer tokens, the target's greedy choices, that lie in the draft vocabulary)."""
     answers = generate_batch(target, prompts, SamplingParams(max_new_tokens=max_new_tokens),
                              eos_ids)
     rows = [{"prompt_ids": p, "response_ids": a} for p, a in zip(prompts, answers)]
@@ -66,7 +68,9 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
             hits[k] += a * w
             counts[k] += w
         n += int(batch.valid.sum())
-    return [h / max(c, 1) for h, c in zip(hits, counts)], n
+    tokens = torch.tensor([t for a in answers for t in a], dtype=torch.long)
+    coverage = float(in_vocab[tokens].float().mean()) if tokens.numel() else 0.0
+    return [h / max(c, 1) for h, c in zip(hits, counts)], n, coverage
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:
@@ -83,6 +87,8 @@ def cmd_eval_head(args: argparse.Namespace) -> None:
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": r["turns"][0]}])
                for r in rows]
     eos = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
-    accs, n = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens, args.ttt_length)
+    accs, n, coverage = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens,
+                                         args.ttt_length)
     print(json.dumps({"head": str(head), "prompts": len(prompts), "scored_tokens": n,
-                      "step_accuracy": [round(a, 3) for a in accs]}))
+                      "step_accuracy": [round(a, 3) for a in accs],
+                      "draft_vocab_coverage": round(coverage, 4)}))
