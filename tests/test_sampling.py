@@ -67,7 +67,7 @@ class SyntheticTarget:
                 rows.append(target_logits(ctx + tuple(tokens[i] for i in path)))
             vin = EagleVerifyInput(torch.tensor(tokens), self.parents, self.depth,
                                    self.ancestors, self.retrieve, len(ctx),
-                                   torch.ones(len(tokens)))
+                                   torch.ones(len(tokens)), torch.zeros_like(self.parents))
             self.cache[ctx] = (vin, torch.stack(rows))
         return self.cache[ctx]
 
