@@ -4,9 +4,9 @@ Owns `GraphBuffers` (typed static inputs), one runner per phase at one static sh
 multi-step decode at `topk` tokens per step, target verify at `num_draft_tokens`, draft extend
 padded to `TreeParams.max_depth + 1`, and the baseline's one-token decode), capture (largest
 first, warm-up, one shared memory pool) and `Phases`: the callables a request uses, replaying a
-graph when the input fits its captured shape and calling the eager phase function otherwise. Static shapes come
-from writing KV rows by index and masking over the whole cache (`cache_rows` in
-`models/layers.py`). A runner that was never captured (GraphMode.STATIC) runs its static
+graph when the input fits its captured shape and calling the eager phase function otherwise.
+Static shapes come from writing KV rows by index and masking over the whole cache (`cache_rows`
+in `models/layers.py`). A runner that was never captured (GraphMode.STATIC) runs its static
 function eagerly on replay: that is how the CPU tests pin the static path to the dynamic one.
 The engine uses graphs only on CUDA. Not here: the phase math (draft / tree / verify / accept).
 """

@@ -85,7 +85,8 @@ class DraftTree:
 
 @dataclass(slots=True)
 class EagleVerifyInput:
-    """The selected tree, root first; parents precede children; siblings in draft-prob order."""
+    """The selected tree, root first; parents precede children; siblings in candidate order
+    (the head's in draft-prob order, then a node from the context)."""
 
     tokens: torch.Tensor  # [N] int64, tokens[0] = root
     parents: torch.Tensor  # [N] int64 node index of the parent, -1 for the root
