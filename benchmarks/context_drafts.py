@@ -102,23 +102,23 @@ def main() -> None:
             ids = engine.encode(prompt)
             order = systems[turn % len(systems):] + systems[:turn % len(systems)]
             turn += 1
-            results = {}
+            answers = {}
             for system in order:
-                result = engine.generate(ids, params, system, DEFAULT_HEAD if system else None,
-                                         keep_events=True)
-                results[label(system)] = result
-                t = totals[label(system)]
-                t.tokens += len(result.token_ids)
-                t.seconds += result.stats.elapsed_s
-                t.steps += result.stats.num_steps
-                t.step_tokens += result.stats.step_tokens
-                t.from_context += sum(s.kind == "context" for ev in result.events
-                                      for s in ev.tokens)
-            plain = results["plain"].token_ids
-            for name, result in results.items():
+                t, tokens, last = totals[label(system)], [], None
+                for last in engine.stream(ids, params, system, DEFAULT_HEAD if system else None,
+                                          trace=False):
+                    tokens += [s.token_id for s in last.tokens]
+                    t.from_context += sum(s.kind == "context" for s in last.tokens)
+                answers[label(system)] = tokens
+                t.tokens += len(tokens)
+                t.seconds += last.stats["elapsed_s"]
+                t.steps += last.stats["num_steps"]
+                t.step_tokens += last.stats["step_tokens"]
+            plain = answers["plain"]
+            for name, tokens in answers.items():
                 if name != "plain":
                     totals[name].answers += 1
-                    totals[name].same += result.token_ids == plain
+                    totals[name].same += tokens == plain
             index = ContextIndex(ids + plain[:1])
             index.extend(plain[1:])
             for m, (h, n) in enumerate(index.hit_rates()):

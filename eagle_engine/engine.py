@@ -208,8 +208,8 @@ class _Run:
         if params.seed is not None:
             self.generator = torch.Generator(device=dev).manual_seed(params.seed)
         self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
-        self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)  # grows past num_steps
-        # when a context chain is accepted deeper
+        # per depth up to num_steps, grown when a chain from the context is accepted deeper
+        self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
         self.context: ContextIndex | None = None  # the suffix index, with context drafts
         self.phases = engine.phases(head, tree)
         self.draft_cache = self.phases.draft_cache
@@ -314,6 +314,7 @@ class _Run:
             depths[d] += 1
         sources = [NodeSource(s) for s in got.accepted_sources[1:]]
         kinds = ["context" if s is NodeSource.CONTEXT else "accepted" for s in sources]
+        self.stats.context_tokens += kinds.count("context")
         spans, finished = self._emit(got.emitted, kinds + ["bonus"],
                                      list(range(1, n_acc + 1)) + [0],
                                      [s.label for s in sources] + [""])

@@ -34,6 +34,7 @@ class RunStats:
     num_steps: int = 0  # target forwards after prefill (verify steps in EAGLE mode)
     step_tokens: int = 0  # tokens those forwards produced (accepted drafts + bonus)
     accepted_per_depth: list[int] = field(default_factory=list)  # steps accepting >= d drafts
+    context_tokens: int = 0  # accepted drafts that only the context proposed
     elapsed_s: float = 0.0  # the engine's time on the request (not the caller's between events)
     prefill_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode
