@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from .config import ConfigError, SamplingParams, TreeParams
+from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
 from .engine import DEFAULT_HEAD
 from .events import StepEvent, TreeNode
 from .speed_estimate import Estimate
@@ -321,7 +321,7 @@ class Settings:
     seed: float | None
     compare: bool
     weights: str  # `EngineConfig.weights_label` of the target to run
-    context_drafts: bool  # add the context's suffix-match chain to the tree
+    context_drafts: bool = CONTEXT_DRAFTS  # add the context's suffix-match chain to the tree
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
