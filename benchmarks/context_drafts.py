@@ -81,6 +81,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--trees", default="", help="more tree shapes 'topk,steps,tokens;...'")
+    p.add_argument("--groups", default="mtbench,code+rewrite", help="prompt groups to run")
     args = p.parse_args()
     engine = EagleEngine.load(EngineConfig())
     autotune.use_cached(engine, DEFAULT_HEAD)
@@ -90,6 +91,7 @@ def main() -> None:
                                                  for t in shapes for on in (False, True)]
     groups = {"mtbench": [row["turns"][0] for row in load_rows(args.prompts, args.limit)],
               "code+rewrite": EDIT_PROMPTS}
+    groups = {name: groups[name] for name in args.groups.split(",")}
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     engine.generate(engine.encode("Hello"), params, shapes[0], DEFAULT_HEAD)  # warm-up
     report: dict = {"weights": engine.config.weights_label, "head": DEFAULT_HEAD,
