@@ -131,6 +131,26 @@ def test_context_drafts_toggle(app_server: AppServer) -> None:
     assert 'class="tok tok-ctx"' in answer and 'title="draft from context · step' in answer
 
 
+def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
+    """The sidebar toggle, in process on a tiny engine (no server): on, the answer carries tokens
+    drafted from the context; off, none; the greedy text is the same."""
+    import app
+    from tests.helpers import tiny_engine
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)  # the tokenizer's bytes
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    records = {}
+    for on in (True, False):
+        frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
+                              0, False, "fp32", on))
+        records[on] = frames[-1][app.OUTPUTS.index("run")]
+    assert records[True]["text"] == records[False]["text"]
+    assert any(s["kind"] == "context" for s in records[True]["spans"])
+    assert not any(s["source"] in ("context", "both") for s in records[False]["spans"])
+    assert records[True]["stats"]["context_tokens"] > 0 == records[False]["stats"][
+        "context_tokens"]
+
+
 def test_trained_head_accepts_drafts(app_server: AppServer) -> None:
     if not app_server.trained_heads:
         pytest.skip("no trained heads in assets/heads: random heads accept nothing")
