@@ -23,8 +23,8 @@ import torch
 
 from eagle_engine.config import ConfigError, SamplingParams, TreeParams
 from eagle_engine.context_draft import MAX_MATCH, PRIOR_HIT_RATE, ContextIndex
-from eagle_engine.engine import EagleEngine
-from eagle_engine.io_struct import ContextDraft, DraftTree, NodeSource
+from eagle_engine.engine import EagleEngine, GenerationResult
+from eagle_engine.io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
 from eagle_engine.sync_count import HostSyncs
 from eagle_engine.tree import build_tree, merge_context
 from tests.helpers import tiny_engine
@@ -197,7 +197,7 @@ def test_random_merges_keep_the_tree_invariants(K: int, S: int, N: int) -> None:
     assert shared > 0
 
 
-def assert_best_candidates(merged: DraftTree, vin) -> None:  # noqa: ANN001 - EagleVerifyInput
+def assert_best_candidates(merged: DraftTree, vin: EagleVerifyInput) -> None:
     """The nodes are the N-1 best-scored candidates (closed under parents) in candidate order
     with their tokens, parents, scores and sources."""
     N = vin.tokens.numel()
@@ -233,7 +233,7 @@ def baseline(engine: EagleEngine) -> dict[tuple[int, ...], list[int]]:
     return {tuple(p): engine.generate(p, GREEDY).token_ids for p in (*PROMPTS, REPEAT)}
 
 
-def context_tokens(result) -> int:  # noqa: ANN001 - GenerationResult
+def context_tokens(result: GenerationResult) -> int:
     return sum(t.kind == "context" for ev in result.events for t in ev.tokens)
 
 
