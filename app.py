@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 import gradio as gr
 
 from eagle_engine import ui_render as ui
-from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.config import (
+    CONTEXT_DRAFTS,
+    ConfigError,
+    EngineConfig,
+    SamplingParams,
+    TreeParams,
+)
 from eagle_engine.events import StepEvent
 from eagle_engine.speed_estimate import Estimate, PlainRate, estimate, measure
 
@@ -172,24 +178,24 @@ class Playground:
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
-             max_new_tokens: int, seed: float | None, compare: bool,
-             weights: str) -> Iterator[tuple]:
+             max_new_tokens: int, seed: float | None, compare: bool, weights: str,
+             context_drafts: bool = CONTEXT_DRAFTS) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights))
+            max_new_tokens, seed, compare, weights, context_drafts))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
-                   max_new_tokens: int, seed: float | None, compare: bool,
-                   weights: str) -> Iterator[tuple]:
+                   max_new_tokens: int, seed: float | None, compare: bool, weights: str,
+                   context_drafts: bool = CONTEXT_DRAFTS) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights))
+            max_new_tokens, seed, compare, weights, context_drafts))
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
@@ -278,6 +284,10 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
                                    label="Draft steps (depth)", elem_id="num-steps")
         c["num_draft_tokens"] = gr.Slider(2, 64, tree.num_draft_tokens, step=1,
                                           precision=0, label="Draft tokens", elem_id="draft-tokens")
+        c["context_drafts"] = gr.Checkbox(
+            tree.context_drafts, label="Drafts from context", elem_id="context-drafts",
+            info="also draft what followed the latest earlier occurrence of the text's end "
+            "(prompt and answer so far); it competes for the same draft tokens")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
@@ -350,8 +360,9 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     head_io = ([c["spec"], c["aux"], c["layers"]], [c["aux"], c["layers"], c["note"]])
     for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
         trigger(pg.sidebar_state, *head_io, **quiet)
-    draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "compare")]
-    c["spec"].change(lambda on: [gr.update(interactive=on)] * 3 + [gr.update(
+    draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "context_drafts",
+                                 "compare")]
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * 4 + [gr.update(
         interactive=on, value=False)], c["spec"], draft_only, **quiet)
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):

@@ -39,7 +39,7 @@ def main() -> None:
         for prompt in PROMPTS:
             settings = ui.Settings(True, head.use_aux, head.num_layers, tree.topk,
                                    tree.num_steps, tree.num_draft_tokens, 0.0, 1.0, args.tokens,
-                                   0, True, weights)
+                                   0, True, weights, tree.context_drafts)
             record = list(pg.run([], prompt, settings))[-1][app.OUTPUTS.index("run")]
             est, measured = record["speedup_estimate"], record["speedup"]
             rows.append({"repeat": rep, "prompt": prompt[:40], "tokens":

@@ -27,19 +27,22 @@ def commit(vin: EagleVerifyInput, vout: EagleVerifyOutput, cache: KVCache) -> No
 
 
 def read_back(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool) -> VerifyReadback:
-    """One copy to the host: [num_accepted, emitted (W), accepted_nodes (W)] and, with `trace`,
-    the tree's tokens, parents, depth and scores (N each), packed as float64 (exact for token
-    ids below 2^53 and for float32 scores)."""
-    parts = [vout.num_accepted, vout.emitted, vout.accepted_nodes]
+    """One copy to the host: [num_accepted, emitted (W), accepted_nodes (W), their sources (W)]
+    and, with `trace`, the tree's tokens, parents, depth, sources and scores (N each), packed as
+    float64 (exact for token ids below 2^53 and for float32 scores)."""
+    path_sources = vin.sources[vout.accepted_nodes.clamp_min(0)]  # [W] (past the end: junk)
+    parts = [vout.num_accepted, vout.emitted, vout.accepted_nodes, path_sources]
     if trace:
-        parts += [vin.tokens, vin.parents, vin.depth, vin.scores]
+        parts += [vin.tokens, vin.parents, vin.depth, vin.sources, vin.scores]
     flat = torch.cat([p.double() for p in parts]).tolist()  # the iteration's one host sync
     n, W, N = int(flat[0]), vout.emitted.numel(), vin.tokens.numel()
-    ints = [int(x) for x in flat[1:1 + 2 * W + (3 * N if trace else 0)]]
-    tree = ints[2 * W:]
+    ints = [int(x) for x in flat[1:1 + 3 * W + (4 * N if trace else 0)]]
+    tree = ints[3 * W:]
     return VerifyReadback(emitted=ints[:n + 1], accepted_nodes=ints[W:W + n + 1],
                           tree_tokens=tree[:N], tree_parents=tree[N:2 * N],
-                          tree_depth=tree[2 * N:], tree_scores=flat[1 + 2 * W + 3 * N:])
+                          tree_depth=tree[2 * N:3 * N], tree_scores=flat[1 + 3 * W + 4 * N:],
+                          accepted_sources=ints[2 * W:2 * W + n + 1],
+                          tree_sources=tree[3 * N:])
 
 
 def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: int,

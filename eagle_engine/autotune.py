@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .config import SamplingParams, TreeParams, cache_root, cpu_flags, cpu_model
+from .config import CONTEXT_DRAFTS, SamplingParams, TreeParams, cache_root, cpu_flags, cpu_model
 from .kernels.cpu_lowbit import SOURCE
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,9 @@ CANDIDATES = {  # per weights label; the static default is always among them
 
 
 def tree_label(tree: TreeParams) -> str:
-    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}"
+    """'k2 s2 n3', with ' +ctx' when the tree takes drafts from the context."""
+    ctx = " +ctx" if tree.context_drafts else ""
+    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{ctx}"
 
 
 @dataclass
@@ -104,7 +106,7 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
                       cpu_flags(), hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
                       config.target, config.device, head, torch.get_num_threads(), CANDIDATES,
-                      PROMPTS, NEW_TOKENS])
+                      PROMPTS, NEW_TOKENS, CONTEXT_DRAFTS])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

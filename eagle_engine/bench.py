@@ -199,8 +199,8 @@ def mode_runs(engine, suffix: str, modes: list[str], heads: list[str],  # noqa: 
     `eagle{suffix}[head kK sS nN]`."""
     runs = [Run(f"ar{suffix}", engine, None, trees[0])] if "ar" in modes else []
     for h in heads if "eagle" in modes else []:
-        runs += [Run(f"eagle{suffix}[{h} k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]", engine,
-                      h, t) for t in trees]
+        runs += [Run(f"eagle{suffix}[{h} {autotune.tree_label(t)}]", engine, h, t)
+                 for t in trees]
     return runs
 
 
@@ -225,7 +225,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
     autotune.use_cached(engine, heads[0] if heads else None)
     tree = tree_params(args, engine.default_tree)
-    runs = mode_runs(engine, "", modes, heads, parse_sweep(args.sweep) if args.sweep else [tree])
+    sweep = [replace(t, context_drafts=tree.context_drafts) for t in parse_sweep(args.sweep)
+             ] if args.sweep else [tree]
+    runs = mode_runs(engine, "", modes, heads, sweep)
     if args.other_weights_trees:
         other = EagleEngine.load(replace(engine.config, dtype=args.dtype, weights=(
             "dense" if engine.config.weights == "q4" else "q4")))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import Q4_TREE, WEIGHTS, ConfigError, EngineConfig, TreeParams
+from .config import CONTEXT_DRAFTS, Q4_TREE, WEIGHTS, ConfigError, EngineConfig, TreeParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +39,10 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
                    f"{Q4_TREE.num_draft_tokens}{where}")
+    p.add_argument("--context-drafts", action=argparse.BooleanOptionalAction, default=None,
+                   help="add a chain from a suffix match over the conversation so far to the "
+                   "tree, under the same --num-draft-tokens budget (default "
+                   f"{'on' if CONTEXT_DRAFTS else 'off'})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
@@ -47,7 +51,9 @@ def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
     return TreeParams(base.topk if args.topk is None else args.topk,
                       base.num_steps if args.num_steps is None else args.num_steps,
                       base.num_draft_tokens if args.num_draft_tokens is None
-                      else args.num_draft_tokens)
+                      else args.num_draft_tokens,
+                      base.context_drafts if args.context_drafts is None
+                      else args.context_drafts)
 
 
 def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:

@@ -381,22 +381,33 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# whether trees take drafts from the context by default (measured: docs/results.md,
+# "Drafts from the context")
+CONTEXT_DRAFTS = True
+
+
 @dataclass(frozen=True)
 class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
-    tree nodes including the root."""
+    tree nodes including the root. `context_drafts` adds a chain proposed by a suffix match over
+    the conversation so far (`context_draft.py`) to the candidates, under the same
+    `num_draft_tokens` budget; such a chain may reach deeper than `num_steps` (`max_depth`)."""
 
     # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
     # (docs/results.md, section 4)
     topk: int = 4
     num_steps: int = 3
     num_draft_tokens: int = 8
+    context_drafts: bool = CONTEXT_DRAFTS
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.context_drafts, bool):
+            raise ConfigError(f"context_drafts must be true or false, got "
+                              f"{self.context_drafts!r}")
         if self.num_draft_tokens < 2:
             raise ConfigError(f"num_draft_tokens must be >= 2 (root + one draft), "
                               f"got {self.num_draft_tokens}")
@@ -410,6 +421,14 @@ class TreeParams:
     def capacity(self) -> int:
         """Number of candidate draft nodes the expansion produces."""
         return self.topk + (self.num_steps - 1) * self.topk * self.topk
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node a tree can hold: the head's `num_steps`, or with context drafts a
+        chain that takes the whole budget (`num_draft_tokens - 1` nodes)."""
+        if self.context_drafts:
+            return max(self.num_steps, self.num_draft_tokens - 1)
+        return self.num_steps
 
 
 # q4 target weights: the fastest of the AVX-512 Xeon's sweep (docs/results.md, section 4); the

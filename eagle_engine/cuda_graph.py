@@ -2,11 +2,11 @@
 
 Owns `GraphBuffers` (typed static inputs), one runner per phase at one static shape (draft
 multi-step decode at `topk` tokens per step, target verify at `num_draft_tokens`, draft extend
-padded to `num_steps + 1`, and the baseline's one-token decode), capture (largest first, warm-up,
-one shared memory pool) and `Phases`: the callables a request uses, replaying a graph when the
-input fits its captured shape and calling the eager phase function otherwise. Static shapes come
-from writing KV rows by index and masking over the whole cache (`cache_rows` in
-`models/layers.py`). A runner that was never captured (GraphMode.STATIC) runs its static
+padded to `TreeParams.max_depth + 1`, and the baseline's one-token decode), capture (largest
+first, warm-up, one shared memory pool) and `Phases`: the callables a request uses, replaying a
+graph when the input fits its captured shape and calling the eager phase function otherwise.
+Static shapes come from writing KV rows by index and masking over the whole cache (`cache_rows`
+in `models/layers.py`). A runner that was never captured (GraphMode.STATIC) runs its static
 function eagerly on replay: that is how the CPU tests pin the static path to the dynamic one.
 The engine uses graphs only on CUDA. Not here: the phase math (draft / tree / verify / accept).
 """
@@ -245,7 +245,8 @@ class VerifyRunner(TargetRunner):
         parents = self.node_rows - 1  # a chain
         depth, ancestors, retrieve = reference.build_tree_from_parents(parents, parents.numel())
         return EagleVerifyInput(torch.zeros_like(parents), parents, depth, ancestors, retrieve, 0,
-                                torch.ones(parents.shape, device=parents.device))
+                                torch.ones(parents.shape, device=parents.device),
+                                torch.zeros_like(parents))
 
 
 class DecodeRunner(TargetRunner):
@@ -274,7 +275,8 @@ class DecodeRunner(TargetRunner):
 
 
 class DraftExtendRunner(GraphRunner):
-    """Draft extend over the accepted tokens, padded to num_steps + 1 rows. Real rows go last
+    """Draft extend over the accepted tokens, padded to max_depth + 1 rows (the longest accepted
+    path plus the bonus: `num_steps + 1`, or deeper with context drafts). Real rows go last
     (so the last row is the last accepted token, as in the dynamic path); pad rows write to
     uncommitted cache rows after them, which the next draft overwrites, and no real row sees."""
 
@@ -284,7 +286,7 @@ class DraftExtendRunner(GraphRunner):
                  tree: TreeParams) -> None:
         width = EagleDraftExtendInput.hidden_size_for(model.cfg)
         dtype = EagleDraftExtendInput.dtype_for(target)
-        T, dev = tree.num_steps + 1, model.d2t.device
+        T, dev = tree.max_depth + 1, model.d2t.device
         super().__init__(GraphBuffers.allocate(T, width, dtype, cache.max_len, dev), cache)
         self.model, self.topk, self.weights = model, tree.topk, weights_key(model)
         slots = torch.arange(T, device=dev)

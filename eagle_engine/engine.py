@@ -1,7 +1,7 @@
 """The engine: loads a target with its EAGLE-3 heads and sequences the phases of one request.
 
-    prefill -> extend -> [ draft -> build_tree -> verify -> accept -> commit -> read_back
-                           -> extend ]*
+    prefill -> extend -> [ draft (+ the context's chain) -> build_tree -> verify -> accept
+                           -> commit -> read_back -> extend ]*
 
 `stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
 mode) and `generate()` consumes it. An iteration syncs with the device once: `read_back` copies
@@ -24,9 +24,10 @@ import torch
 from .accept import commit, extend_input, read_back
 from .chat import IncrementalDetokenizer, encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
+from .context_draft import ContextIndex
 from .cuda_graph import Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
-from .io_struct import EagleDraftExtendInput, EagleDraftInput, VerifyReadback
+from .io_struct import EagleDraftExtendInput, EagleDraftInput, NodeSource, VerifyReadback
 from .kv_cache import causal_mask
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
@@ -35,7 +36,7 @@ from .models.draft_model import Eagle3Draft
 from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .sampling import next_token
-from .tree import build_tree
+from .tree import build_tree, merge_context
 from .verify import greedy_acceptance, sampled_acceptance
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,9 @@ class _Run:
         if params.seed is not None:
             self.generator = torch.Generator(device=dev).manual_seed(params.seed)
         self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
+        # per depth up to num_steps, grown when a chain from the context is accepted deeper
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
+        self.context: ContextIndex | None = None  # the suffix index, with context drafts
         self.phases = engine.phases(head, tree)
         self.draft_cache = self.phases.draft_cache
         if self.draft_model is not None and self.draft_cache is None:  # tree scratch past max_len
@@ -219,15 +222,15 @@ class _Run:
     def _features(self, out) -> torch.Tensor:
         return out.aux_hidden if self.aux_ids else out.final_hidden
 
-    def _emit(self, tokens: list[int], kinds: list[str], depths: list[int]
-              ) -> tuple[list[TokenSpan], str | None]:
+    def _emit(self, tokens: list[int], kinds: list[str], depths: list[int],
+              sources: list[str] | None = None) -> tuple[list[TokenSpan], str | None]:
         """Apply stop rules to emitted tokens; returns kept spans and a finish reason."""
         spans, finished = [], None
-        for tok, kind, depth in zip(tokens, kinds, depths):
+        for tok, kind, depth, source in zip(tokens, kinds, depths, sources or [""] * len(tokens)):
             if tok in self.e.eos_ids and not self.params.ignore_eos:
                 finished = "eos"
                 break
-            spans.append(TokenSpan(tok, self.detok.add([tok]), kind, depth))
+            spans.append(TokenSpan(tok, self.detok.add([tok]), kind, depth, source))
             self.stats.num_tokens += 1
             if self.detok.stopped:
                 finished = "stop"
@@ -266,11 +269,14 @@ class _Run:
 
     def loop(self) -> Iterator[StepEvent]:
         root, ext = self._prefill()
-        spans, finished = self._emit([int(root)], ["target"], [0])
+        first = int(root)
+        spans, finished = self._emit([first], ["target"], [0])
         self.stats.prefill_s = time.perf_counter() - self.t_start
         if self.draft_model is None:
             yield from self._baseline(root, spans, finished)
             return
+        if self.tree.context_drafts:  # built in the run's time, after the prefill's
+            self.context = ContextIndex(self.prompt + [first])
         state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
         yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         while not finished:
@@ -283,7 +289,10 @@ class _Run:
 
     def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
         t0 = time.perf_counter()
+        ctx = self.context.propose(self.tree.num_draft_tokens - 1) if self.context else None
         drafted = self.phases.draft(self.draft_model, state, self.draft_cache, self.tree)
+        if ctx:
+            drafted = merge_context(drafted, ctx, self.tree)
         vin = build_tree(drafted, state.root, state.seq_len, self.tree)
         t1 = time.perf_counter()
         tl = self.phases.run_target(self.e.target, vin, self.e.cache, self.aux_ids)
@@ -295,12 +304,20 @@ class _Run:
         got = read_back(vin, vout, self.trace)  # the one host sync: waits for the device
         t2 = time.perf_counter()
         n_acc = got.num_accepted
+        if self.context is not None:
+            self.context.extend(got.emitted)
         self.stats.num_steps += 1
         self.stats.step_tokens += n_acc + 1
+        depths = self.stats.accepted_per_depth
+        depths += [0] * (n_acc - len(depths))
         for d in range(n_acc):
-            self.stats.accepted_per_depth[d] += 1
-        spans, finished = self._emit(got.emitted, ["accepted"] * n_acc + ["bonus"],
-                                     list(range(1, n_acc + 1)) + [0])
+            depths[d] += 1
+        sources = [NodeSource(s) for s in got.accepted_sources[1:]]
+        kinds = ["context" if s is NodeSource.CONTEXT else "accepted" for s in sources]
+        self.stats.context_tokens += kinds.count("context")
+        spans, finished = self._emit(got.emitted, kinds + ["bonus"],
+                                     list(range(1, n_acc + 1)) + [0],
+                                     [s.label for s in sources] + [""])
         new_state = state
         if not finished:
             new_state = self.phases.extend(self.draft_model,
@@ -326,13 +343,14 @@ class _Run:
                 return out
             node = children[0]
             out.append(TokenSpan(tokens[node], self._token_text(tokens[node]), "rejected",
-                                 got.tree_depth[node]))
+                                 got.tree_depth[node], NodeSource(got.tree_sources[node]).label))
 
     def _tree_nodes(self, got: VerifyReadback) -> list[TreeNode]:
         on_path = set(got.accepted_nodes)
-        return [TreeNode(t, self._token_text(t), p, d, i in on_path, s) for i, (t, p, d, s) in
-                enumerate(zip(got.tree_tokens, got.tree_parents, got.tree_depth,
-                              got.tree_scores))]
+        return [TreeNode(t, self._token_text(t), p, d, i in on_path, s, NodeSource(src).label)
+                for i, (t, p, d, s, src) in enumerate(zip(
+                    got.tree_tokens, got.tree_parents, got.tree_depth, got.tree_scores,
+                    got.tree_sources))]
 
     def _baseline(self, root: torch.Tensor, spans: list[TokenSpan], finished: str | None
                   ) -> Iterator[StepEvent]:

@@ -10,9 +10,11 @@ from dataclasses import asdict, dataclass, field
 class TokenSpan:
     token_id: int
     text: str  # exact text this token added to the answer ("" while a character is incomplete)
-    kind: str  # "accepted" (draft token the target accepted) | "bonus" (the target's own token
-    # after the accepted path) | "target" (baseline/prefill token) | "rejected" (draft, discarded)
+    kind: str  # "accepted" (the head's draft token, accepted) | "context" (a draft token only
+    # the context's suffix match proposed, accepted) | "bonus" (the target's own token after the
+    # accepted path) | "target" (baseline/prefill token) | "rejected" (draft, discarded)
     depth: int  # tree depth of an accepted token; 0 for bonus/target tokens
+    source: str = ""  # who drafted it: "head" | "context" | "both"; "" for the target's tokens
 
 
 @dataclass(slots=True)
@@ -23,6 +25,7 @@ class TreeNode:
     depth: int
     accepted: bool
     score: float  # the draft's probability of the path to this node (1 for the root)
+    source: str = "head"  # who proposed it: "head" | "context" | "both" (the root: "head")
 
 
 @dataclass(slots=True)
@@ -31,6 +34,7 @@ class RunStats:
     num_steps: int = 0  # target forwards after prefill (verify steps in EAGLE mode)
     step_tokens: int = 0  # tokens those forwards produced (accepted drafts + bonus)
     accepted_per_depth: list[int] = field(default_factory=list)  # steps accepting >= d drafts
+    context_tokens: int = 0  # accepted drafts that only the context proposed
     elapsed_s: float = 0.0  # the engine's time on the request (not the caller's between events)
     prefill_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode

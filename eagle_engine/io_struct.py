@@ -1,17 +1,21 @@
 """Per-phase data types of one EAGLE-3 iteration, one class per phase, never reused across phases.
 
-    EagleDraftInput -> draft() -> DraftTree -> build_tree() -> EagleVerifyInput -> verify()
-    -> EagleVerifyOutput -> commit(), read_back() -> VerifyReadback (the host's one copy)
-    -> EagleDraftExtendInput -> extend() -> EagleDraftInput
+    EagleDraftInput -> draft() -> DraftTree [-> merge_context(ContextDraft)] -> build_tree()
+    -> EagleVerifyInput -> verify() -> EagleVerifyOutput -> commit(), read_back()
+    -> VerifyReadback (the host's one copy) -> EagleDraftExtendInput -> extend()
+    -> EagleDraftInput
 
 Everything up to `VerifyReadback` stays on the device: no phase reads a tensor on the host, so
-an iteration makes one host sync, the packed copy behind `VerifyReadback`. The widths of
+an iteration makes one host sync, the packed copy behind `VerifyReadback`. `ContextDraft` is
+the exception that proves it: host data proposed from tokens the host already holds, written
+into the tree without reading anything back. The widths of
 hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every buffer that
 holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
 Not here: any computation. Shapes are for one request (the engine decodes one stream at a time).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +50,29 @@ class EagleDraftInput:
                    torch.zeros(1, **long), 0)
 
 
+class NodeSource(enum.IntEnum):
+    """Who proposed a tree node: the head, the context's suffix match, or both alike."""
+
+    HEAD = 0
+    CONTEXT = 1
+    BOTH = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(slots=True)
+class ContextDraft:
+    """Context phase output, on the host: the tokens that followed the latest earlier occurrence
+    of the longest suffix of the context (prompt + generated text, root last) that occurred
+    before, as a chain after the root, with its calibrated path probabilities."""
+
+    tokens: list[int]  # [L] the chain, its first token the root's child
+    scores: list[float]  # [L] non-increasing: probability that the chain is right up to here
+    match_len: int  # tokens of the matched suffix (root included)
+
+
 @dataclass(slots=True)
 class DraftTree:
     """Everything the draft proposed this iteration (all candidates, before selection)."""
@@ -53,11 +80,13 @@ class DraftTree:
     scores: torch.Tensor  # [capacity] float32 cumulative path probability of each candidate
     tokens: torch.Tensor  # [capacity] int64 target-vocab ids
     parents: torch.Tensor  # [capacity] int64 candidate index of the parent (-1 = root)
+    sources: torch.Tensor | None = None  # [capacity] int64 NodeSource; None: all the head's
 
 
 @dataclass(slots=True)
 class EagleVerifyInput:
-    """The selected tree, root first; parents precede children; siblings in draft-prob order."""
+    """The selected tree, root first; parents precede children; siblings in candidate order
+    (the head's in draft-prob order, then a node from the context)."""
 
     tokens: torch.Tensor  # [N] int64, tokens[0] = root
     parents: torch.Tensor  # [N] int64 node index of the parent, -1 for the root
@@ -67,6 +96,7 @@ class EagleVerifyInput:
     seq_len: int  # cache row / position of the root
     scores: torch.Tensor  # [N] float32 draft probability of each node's path (root 1); a
     # calibrated draft accepts a node about that often (`benchmarks/tree_budget.py`)
+    sources: torch.Tensor  # [N] int64 NodeSource of each node (the root: HEAD)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -121,6 +151,8 @@ class VerifyReadback:
     tree_parents: list[int]  # [N] parent node of each node, -1 for the root (same)
     tree_depth: list[int]  # [N] (same)
     tree_scores: list[float]  # [N] draft probability of each node's path (same)
+    accepted_sources: list[int]  # NodeSource of each accepted node, root first
+    tree_sources: list[int]  # [N] NodeSource of each node (empty unless traced)
 
     @property
     def num_accepted(self) -> int:

@@ -1,15 +1,70 @@
-"""Tree phase: rerank all drafted candidates to the best `num_draft_tokens - 1`, put the root in
-front and build what verification needs (parents, depth, ancestor mask, retrieve indices).
+"""Tree phase: merge the context's chain into the drafted candidates (when there is one), rerank
+all candidates to the best `num_draft_tokens - 1`, put the root in front and build what
+verification needs (parents, depth, ancestor mask, retrieve indices, each node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
-the candidate order) is always selected before its children. Not here: drafting or verifying.
+the candidate order) is always selected before its children. Not here: drafting, finding the
+context's chain (`context_draft.py`) or verifying.
 """
 from __future__ import annotations
 
 import torch
 
 from .config import TreeParams
-from .io_struct import DraftTree, EagleVerifyInput
+from .io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
 from .kernels import build_tree_from_parents
+
+
+def filled(values: list[int] | list[float], dtype: torch.dtype, device: torch.device
+           ) -> torch.Tensor:
+    """[len(values)] on `device`, written one scalar at a time: fills, not an upload from
+    pageable memory, so nothing waits for the device (`sync_count`)."""
+    out = torch.empty(len(values), dtype=dtype, device=device)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> DraftTree:
+    """The head's C candidates plus the context chain's L nodes as candidates C..C+L-1, on the
+    device. Where the chain runs along head candidates (the same tokens from the root down),
+    those candidates take the higher of the two probabilities and become BOTH, and the chain's
+    own copies get score -1, below every probability, so they are never selected (the head
+    alone fills the budget: `TreeParams` checks its capacity) and siblings stay distinct. The
+    rest of the chain hangs below the last shared node."""
+    dev = drafted.tokens.device
+    C, L, S = drafted.tokens.numel(), len(ctx.tokens), tree.num_steps
+    chain = filled(ctx.tokens, torch.long, dev)  # [L]
+    chain_p = filled(ctx.scores, torch.float32, dev)  # [L]
+    parents = drafted.parents
+    has_parent = parents >= 0
+    up = parents.clamp_min(0)
+    # the chain's token at each head depth 1..S (-1 past its end: matches no token)
+    expected = torch.nn.functional.pad(chain[:S], (0, max(0, S - L)), value=-1)  # [S]
+    depth = torch.ones(C, dtype=torch.long, device=dev)  # [C]
+    for _ in range(S - 1):  # parents precede children: S - 1 passes settle every depth
+        depth = torch.where(has_parent, depth[up] + 1, 1)
+    same = drafted.tokens == expected[depth - 1]  # [C]
+    on_chain = same
+    for _ in range(S - 1):
+        on_chain = same & torch.where(has_parent, on_chain[up], True)  # [C] root path = chain
+    levels = torch.arange(1, L + 1, device=dev)
+    cand = torch.arange(C, device=dev)
+    at_level = on_chain[None, :] & (depth[None, :] == levels[:, None])  # [L, C]
+    shared = torch.where(at_level, cand, -1).amax(-1)  # [L] head candidate on chain node j, -1
+    holder = torch.where(shared >= 0, shared, C + levels - 1)  # [L] candidate holding node j
+    minus_one = torch.full((1,), -1, dtype=torch.long, device=dev)
+    chain_parents = torch.cat([minus_one, holder[:-1]])  # [L]
+    on = shared >= 0
+    slot = shared.clamp_min(0)
+    scores = drafted.scores.scatter_reduce(0, slot, torch.where(on, chain_p, -1.0), "amax")
+    head_src = (torch.zeros(C, dtype=torch.long, device=dev) if drafted.sources is None
+                else drafted.sources)
+    head_src = head_src.scatter_reduce(0, slot, torch.where(on, int(NodeSource.BOTH), 0), "amax")
+    return DraftTree(scores=torch.cat([scores, torch.where(on, -1.0, chain_p)]),
+                     tokens=torch.cat([drafted.tokens, chain]),
+                     parents=torch.cat([parents, chain_parents]),
+                     sources=torch.cat([head_src, torch.full((L,), int(NodeSource.CONTEXT),
+                                                             dtype=torch.long, device=dev)]))
 
 
 def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree: TreeParams
@@ -26,6 +81,10 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
     root_id = torch.as_tensor(root, device=dev).view(1)  # [1]
     tokens = torch.cat([root_id, drafted.tokens[selected]])  # [N]
     scores = torch.cat([torch.ones(1, device=dev), drafted.scores[selected]])  # [N]
-    depth, ancestors, retrieve = build_tree_from_parents(parents, tree.num_steps)
+    head = torch.zeros(1, dtype=torch.long, device=dev)  # [1] the root (NodeSource.HEAD)
+    sources = (torch.cat([head, drafted.sources[selected]]) if drafted.sources is not None
+               else head.expand(tokens.numel()))  # [N]
+    depth, ancestors, retrieve = build_tree_from_parents(parents, tree.max_depth)
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
-                            retrieve_indices=retrieve, seq_len=seq_len, scores=scores)
+                            retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
+                            sources=sources)

@@ -1,9 +1,10 @@
 """What the playground draws from the engine's `StepEvent`s: HTML token spans (accepted draft,
-rejected draft, bonus and target tokens), the legend, stat tiles, the latest draft tree as SVG,
-per-phase timings, the per-step plot data and the EAGLE-vs-baseline comparison; plus the mapping
-of the sidebar's values to an engine request (which loaded head an (aux, layers) choice means).
-Pure functions of plain data: no Gradio, no tensors. Every piece of model and user text is
-HTML-escaped here. Not here: decoding (`engine.py`) or Gradio wiring (`app.py`)."""
+draft from the context, rejected draft, bonus and target tokens), the legend, stat tiles, the
+latest draft tree as SVG (nodes from the context marked), per-phase timings, the per-step plot
+data and the EAGLE-vs-baseline comparison; plus the mapping of the sidebar's values to an
+engine request (which loaded head an (aux, layers) choice means). Pure functions of plain
+data: no Gradio, no tensors. Every piece of model and user text is HTML-escaped here. Not
+here: decoding (`engine.py`) or Gradio wiring (`app.py`)."""
 from __future__ import annotations
 
 import html
@@ -13,19 +14,22 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from .config import ConfigError, SamplingParams, TreeParams
+from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
 from .engine import DEFAULT_HEAD
 from .events import StepEvent, TreeNode
 from .speed_estimate import Estimate
 
-KIND_CLASS = {"accepted": "tok-acc", "rejected": "tok-rej", "bonus": "tok-bonus",
-              "target": "tok-target"}
-KIND_LABEL = {"accepted": "accepted draft", "rejected": "rejected draft",
-              "bonus": "target token (bonus)", "target": "target token"}
+KIND_CLASS = {"accepted": "tok-acc", "context": "tok-ctx", "rejected": "tok-rej",
+              "bonus": "tok-bonus", "target": "tok-target"}
+KIND_LABEL = {"accepted": "accepted draft", "context": "draft from context",
+              "rejected": "rejected draft", "bonus": "target token (bonus)",
+              "target": "target token"}
 FINISH_TEXT = {"eos": "end of answer", "length": "max new tokens reached",
                "stop": "stop string", "context": "context window full"}
-LEGEND_HINT = {"accepted": "solid underline", "rejected": "struck through",
-               "bonus": "dotted underline", "target": "plain"}
+LEGEND_HINT = {"accepted": "solid underline", "context": "double underline",
+               "rejected": "struck through", "bonus": "dotted underline", "target": "plain"}
+SOURCE_TEXT = {"context": "drafted from the context", "both": "head and context agreed"}
+DRAFTED = ("accepted", "context")  # the kinds of accepted draft tokens
 
 
 class HeadLike(Protocol):
@@ -35,13 +39,17 @@ class HeadLike(Protocol):
     draft_vocab_size: int
 
 
-def span_html(text: str, kind: str, step: int, depth: int, in_code: bool = False) -> str:
-    """One token as an escaped span with its kind's class and a (kind, step, depth) tooltip.
-    Inside a code block tokens get the `in-code` class (monospace), and a rejected draft
-    becomes an empty marker whose tooltip holds its text, so the code reads as code."""
+def span_html(text: str, kind: str, step: int, depth: int, in_code: bool = False,
+              source: str = "") -> str:
+    """One token as an escaped span with its kind's class and a (kind, step, depth, who
+    drafted it) tooltip. Inside a code block tokens get the `in-code` class (monospace), and a
+    rejected draft becomes an empty marker whose tooltip holds its text, so the code reads as
+    code."""
     if not text:
         return ""
-    tip = f"{KIND_LABEL[kind]} · step {step}" + (f" · depth {depth}" if depth else "")
+    tip = (f"{KIND_LABEL[kind]} · step {step}" + (f" · depth {depth}" if depth else "")
+           + (f" · {SOURCE_TEXT[source]}" if source in SOURCE_TEXT and kind != "context"
+              else ""))
     cls = f"tok {KIND_CLASS[kind]}" + (" in-code" if in_code else "")
     if kind == "rejected" and in_code:
         tip = html.escape(f"{tip}: {text!r}")
@@ -103,25 +111,27 @@ class AnswerView:
     stats: dict[str, Any] = field(default_factory=dict)
     finished: str | None = None
 
-    def _add(self, text: str, kind: str, step: int, depth: int) -> None:
+    def _add(self, text: str, kind: str, step: int, depth: int, source: str = "") -> None:
         """Append a span; the answer's kept text so far says whether it is inside code."""
-        self.parts.append(span_html(text, kind, step, depth, in_code_block(self.shown)))
-        self.spans.append({"text": text, "kind": kind, "step": step, "depth": depth})
+        self.parts.append(span_html(text, kind, step, depth, in_code_block(self.shown), source))
+        self.spans.append({"text": text, "kind": kind, "step": step, "depth": depth,
+                           "source": source})
         if kind != "rejected":
             self.shown += text
 
     def add(self, ev: StepEvent) -> None:
         """Accepted drafts, then the rejected drafts the bonus token replaced, then the bonus."""
-        n_acc = sum(t.kind == "accepted" for t in ev.tokens)
+        n_acc = sum(t.kind in DRAFTED for t in ev.tokens)
         has_bonus = any(t.kind == "bonus" for t in ev.tokens)
         for t in ev.tokens:
             if t.kind == "bonus":
                 for r in ev.rejected:
-                    self._add(r.text, "rejected", ev.step, r.depth)
-            self._add(t.text, t.kind, ev.step, n_acc + 1 if t.kind == "bonus" else t.depth)
+                    self._add(r.text, "rejected", ev.step, r.depth, r.source)
+            self._add(t.text, t.kind, ev.step, n_acc + 1 if t.kind == "bonus" else t.depth,
+                      t.source)
         if ev.rejected and not has_bonus and not ev.finished:
             for r in ev.rejected:
-                self._add(r.text, "rejected", ev.step, r.depth)
+                self._add(r.text, "rejected", ev.step, r.depth, r.source)
         self.text += ev.text
         if ev.mode == "eagle" and ev.step > 0 and (ev.tokens or ev.tree):
             self.accepted_per_step.append(n_acc)
@@ -226,7 +236,9 @@ def _label(text: str) -> str:
 
 
 def tree_svg(nodes: Sequence[TreeNode], step: int = 0) -> str:
-    """The verified draft tree: one column per depth, accepted path bold with a check mark."""
+    """The verified draft tree: one column per depth, accepted path bold with a check mark;
+    nodes drafted from the context have a dashed outline (dash-dot where the head proposed
+    the same token), and their tooltip says so."""
     if not nodes:
         return '<div class="tree empty">The latest draft tree shows here during an EAGLE run.</div>'
     rows = _tree_rows(nodes)
@@ -240,18 +252,22 @@ def tree_svg(nodes: Sequence[TreeNode], step: int = 0) -> str:
             cls = "edge acc" if n.accepted and nodes[n.parent].accepted else "edge"
             edges.append(f'<line class="{cls}" x1="{px + box_w}" y1="{py + 10}" x2="{x}" '
                          f'y2="{y + 10}"/>')
-        cls = "node acc" if n.accepted else "node"
+        cls = "node" + " acc" * n.accepted + {"context": " ctx", "both": " ctx both"}.get(
+            n.source, "")
         mark = "✓ " if n.accepted and n.parent >= 0 else ""
         state = "accepted" if n.accepted else "not accepted"
+        source = f" · {SOURCE_TEXT[n.source]}" if n.source in SOURCE_TEXT else ""
         boxes.append(f'<g class="{cls}"><title>depth {n.depth} · draft path probability '
-                     f'{n.score:.2f} · {state}: '
+                     f'{n.score:.2f}{source} · {state}: '
                      f'{html.escape(repr(n.text))}</title><rect x="{x}" y="{y}" width="{box_w}" '
                      f'height="20" rx="4"/><text x="{x + 5}" y="{y + 14}">{mark}'
                      f'{_label(n.text)}</text></g>')
     width = 16 + (max(n.depth for n in nodes) + 1) * col_w
     height = 12 + (max(rows) + 1) * row_h
+    from_context = sum(n.source in SOURCE_TEXT for n in nodes)
     caption = (f"Draft tree of step {step}: {len(nodes)} nodes; accepted path bold with ✓ "
-               "(root = last committed token)")
+               "(root = last committed token)"
+               + (f"; {from_context} from the context, dashed outline" if from_context else ""))
     return (f'<div class="tree"><div class="tree-caption">{caption}</div><svg role="img" '
             f'aria-label="{caption}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}">{"".join(edges)}{"".join(boxes)}</svg></div>')
@@ -305,6 +321,7 @@ class Settings:
     seed: float | None
     compare: bool
     weights: str  # `EngineConfig.weights_label` of the target to run
+    context_drafts: bool = CONTEXT_DRAFTS  # add the context's suffix-match chain to the tree
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
@@ -313,7 +330,8 @@ class Settings:
             max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             top_p=self.top_p if sampling_on else 1.0,
             seed=int(self.seed) if sampling_on and self.seed is not None else None)
-        tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens)
+        tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens,
+                          bool(self.context_drafts))
         if not self.spec:
             if self.compare:
                 raise ConfigError("compare needs speculative decoding on: with it off the "

@@ -48,7 +48,8 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
     assert {"/chat", "/regenerate", "/stop", "/clear"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
     assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
-                     "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights"]
+                     "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights",
+                     "context_drafts"]
 
 
 def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
@@ -72,7 +73,8 @@ def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServ
     assert len(frames) > 3, "the answer should stream once per engine iteration"
     run = final[OUT["run"]]
     kinds = {s["kind"] for s in run["spans"]}
-    assert {"target", "bonus"} <= kinds and kinds <= {"target", "bonus", "accepted", "rejected"}
+    assert {"target", "bonus"} <= kinds and kinds <= {"target", "bonus", "accepted", "context",
+                                                      "rejected"}
     assert visible_text(run["spans"]) == run["text"]
     assert run["stats"]["num_tokens"] == 24 or run["finished"] == "eos"
     base_text = run["baseline"]["text"]
@@ -109,6 +111,44 @@ def test_speedup_estimate_is_near_the_measured_speedup(app_server: AppServer) ->
     assert f"{measured:.2f}×" in final[OUT["tiles"]] and "(measured)" in final[OUT["tiles"]]
     alone = app_server.client().predict(PROMPT, max_new_tokens=8, api_name="/chat")
     assert "≈" in alone[OUT["tiles"]] and "estimate" in alone[OUT["tiles"]]
+
+
+def test_context_drafts_toggle(app_server: AppServer) -> None:
+    """"Drafts from context" on: an answer that copies its prompt carries tokens drafted from
+    the context (kind "context", their own class and tooltip) and the same greedy text as with
+    the toggle off, which drafts none."""
+    prompt = ("Repeat this list exactly, twice: apple pie, banana bread, cherry tart, "
+              "apple pie, banana bread, cherry tart.")
+    client = app_server.client()
+    runs = {on: client.predict(prompt, max_new_tokens=48, temperature=0.0, context_drafts=on,
+                               api_name="/chat") for on in (True, False)}
+    on, off = (runs[flag][OUT["run"]] for flag in (True, False))
+    assert on["text"] == off["text"]
+    assert any(s["kind"] == "context" and s["source"] == "context" for s in on["spans"])
+    assert not any(s["kind"] == "context" or s["source"] in ("context", "both")
+                   for s in off["spans"])
+    answer = message_texts(runs[True][OUT["chat"]])[-1]
+    assert 'class="tok tok-ctx"' in answer and 'title="draft from context · step' in answer
+
+
+def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
+    """The sidebar toggle, in process on a tiny engine (no server): on, the answer carries tokens
+    drafted from the context; off, none; the greedy text is the same."""
+    import app
+    from tests.helpers import tiny_engine
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)  # the tokenizer's bytes
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    records = {}
+    for on in (True, False):
+        frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
+                              0, False, "fp32", on))
+        records[on] = frames[-1][app.OUTPUTS.index("run")]
+    assert records[True]["text"] == records[False]["text"]
+    assert any(s["kind"] == "context" for s in records[True]["spans"])
+    assert not any(s["source"] in ("context", "both") for s in records[False]["spans"])
+    assert records[True]["stats"]["context_tokens"] > 0 == records[False]["stats"][
+        "context_tokens"]
 
 
 def test_trained_head_accepts_drafts(app_server: AppServer) -> None:
@@ -363,6 +403,42 @@ def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[Step
     assert "✓" in ui.tree_svg(view.tree, view.tree_step) and "&lt;b&gt;" in ui.tree_svg(view.tree)
     assert "depth 2 · draft path probability 0.35 · not accepted" in ui.tree_svg(view.tree)
     assert ui.acceptance_rate(view.stats) == 0.25
+
+
+def test_render_marks_drafts_from_the_context() -> None:
+    """The fourth token kind: its own class, a tooltip naming it, its legend entry with a
+    colour-independent cue; accepted drafts both sources proposed and rejected context drafts
+    say so in their tooltips; the tree marks nodes from the context."""
+    from eagle_engine import ui_render as ui
+    from eagle_engine.events import TokenSpan as T
+    from eagle_engine.events import TreeNode
+
+    tree = [TreeNode(5, " is", -1, 0, True, 1.0), TreeNode(6, " a", 0, 1, True, 0.8, "both"),
+            TreeNode(7, " copy", 1, 2, True, 0.6, "context"),
+            TreeNode(8, " x", 0, 1, False, 0.1, "head")]
+    view = ui.AnswerView()
+    view.add(StepEvent(1, "eagle", [T(6, " a", "accepted", 1, "both"),
+                                    T(7, " copy", "context", 2, "context"),
+                                    T(9, " of", "bonus", 0)], " a copy of",
+                       rejected=[T(10, " it", "rejected", 3, "context")], tree=tree))
+    assert [s["kind"] for s in view.spans] == ["accepted", "context", "rejected", "bonus"]
+    assert [s["source"] for s in view.spans] == ["both", "context", "context", ""]
+    assert view.accepted_per_step == [2]
+    html = view.html()
+    assert '<span class="tok tok-ctx" title="draft from context · step 1 · depth 2"> copy' in html
+    assert 'title="accepted draft · step 1 · depth 1 · head and context agreed"' in html
+    assert 'title="rejected draft · step 1 · depth 3 · drafted from the context"' in html
+    assert 'title="target token (bonus) · step 1 · depth 3"' in html
+    legend = ui.legend_html()
+    assert ('<span class="tok tok-ctx">draft from context</span><span class="legend-hint">'
+            'double underline</span>') in legend
+    svg = ui.tree_svg(view.tree, 1)
+    assert '<g class="node acc ctx">' in svg and '<g class="node acc ctx both">' in svg
+    assert "0.60 · drafted from the context · accepted" in svg
+    assert "2 from the context, dashed outline" in svg
+    css = (REPO / "assets" / "style.css").read_text()
+    assert re.search(r"\.tok-ctx \{[^}]*background: rgba\(168, 85, 247[^}]*double", css)
+    assert re.search(r"\.tree \.node\.ctx rect \{[^}]*stroke-dasharray", css)
 
 
 def test_code_blocks_show_rejected_drafts_as_markers_and_prose_keeps_them_inline() -> None:

@@ -32,7 +32,8 @@ def test_tune_measures_caches_and_applies(tmp_path: Path, monkeypatch: pytest.Mo
     tuned = autotune.tune([engine], "head")
     m = tuned.measured["fp32"]
     assert tuned.order == ["fp32"] and m.plain_tok_s > 0
-    assert set(m.tree_tok_s) | set(m.incorrect) == {"k4 s3 n8", "k2 s2 n4"}
+    assert set(m.tree_tok_s) | set(m.incorrect) == {autotune.tree_label(TreeParams(*t))
+                                                    for t in ((4, 3, 8), (2, 2, 4))}
     assert not m.incorrect  # greedy speculation equals plain decoding on every tree
     best = m.best_tree()
     assert best in (TreeParams(4, 3, 8), TreeParams(2, 2, 4))
@@ -65,4 +66,5 @@ def test_incorrect_trees_are_never_chosen(tmp_path: Path, monkeypatch: pytest.Mo
         return out
     monkeypatch.setattr(engine, "generate", wrong_for_k2)
     m = autotune.tune([engine], "head").measured["fp32"]
-    assert m.incorrect == ["k2 s2 n4"] and m.best_tree() == TreeParams(4, 3, 8)
+    assert m.incorrect == [autotune.tree_label(TreeParams(2, 2, 4))]
+    assert m.best_tree() == TreeParams(4, 3, 8)

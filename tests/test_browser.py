@@ -70,7 +70,8 @@ def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
     page = probe.page
     assert page.title() == "EAGLE-3 Playground"
     legend = page.locator("#legend")
-    for label in ("accepted draft", "rejected draft", "target token (bonus)", "target token"):
+    for label in ("accepted draft", "draft from context", "rejected draft",
+                  "target token (bonus)", "target token"):
         expect()(legend).to_contain_text(label)
     status = page.locator("#engine-status")
     expect()(status).to_contain_text("Device cpu")

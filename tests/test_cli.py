@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 from eagle_engine import bench
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, TargetConfig, TreeParams
+from eagle_engine.autotune import tree_label
 from eagle_engine.engine import ASSETS
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
@@ -145,7 +147,7 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     report = json.loads(out.read_text())
     t = EngineConfig(dtype="fp32").default_tree
     ar = report["modes"]["ar"]
-    label = f"eagle[eagle3-aux-1layer k{t.topk} s{t.num_steps} n{t.num_draft_tokens}]"
+    label = f"eagle[eagle3-aux-1layer {tree_label(t)}]"
     eagle = report["modes"][label]
     assert "greedy_same_as_baseline" not in ar and eagle["greedy_same_as_baseline"] == "3/3"
     assert ar["tokens"] == eagle["tokens"] > 0
@@ -191,7 +193,8 @@ def test_bench_other_weights_run_beside_the_main_target(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     modes = report["modes"]
     assert report["weights"] == "q4"
-    labels = ["eagle fp32[eagle3-aux-1layer k4 s3 n4]", "eagle fp32[eagle3-aux-1layer k2 s3 n4]"]
+    labels = [f"eagle fp32[eagle3-aux-1layer {tree_label(TreeParams(*t))}]"
+              for t in ((4, 3, 4), (2, 3, 4))]
     assert list(modes)[2:] == ["ar fp32", *labels]
     assert modes["ar fp32"]["tokens"] == modes["ar"]["tokens"] == 6
     for label in labels:
@@ -254,12 +257,22 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     from eagle_engine.cli_args import tree_params
     from eagle_engine.config import Q4_TREE, EngineConfig
 
-    args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None)
+    args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
+                           context_drafts=None)
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == Q4_TREE
     assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
     args.num_draft_tokens, args.topk = 6, 2
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(2, 2, 6)
+    from eagle_engine.cli import build_parser
+
+    for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
+        for flags, want in (([], None), (["--context-drafts"], True),
+                            (["--no-context-drafts"], False)):
+            parsed = build_parser().parse_args(cmd + flags)
+            assert parsed.context_drafts is want
+            if want is not None:
+                assert tree_params(parsed, Q4_TREE) == replace(Q4_TREE, context_drafts=want)
 
 
 def test_selfcheck_report_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -41,7 +43,9 @@ from eagle_engine.selfcheck import (
 )
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
-TREES = [TINY_TREE, TreeParams(1, 3, 4), TreeParams(8, 6, 32), TreeParams(2, 1, 3)]
+TREES = [TINY_TREE, TreeParams(1, 3, 4), TreeParams(8, 6, 32), TreeParams(2, 1, 3),
+         TreeParams(2, 2, 6, context_drafts=True), TreeParams(1, 3, 4, context_drafts=False)]
+HEAD_TREE = replace(TINY_TREE, context_drafts=False)  # the extend is num_steps + 1 wide
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +60,7 @@ def failures(rows: list) -> list:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
-                                             for t in TREES])
+                                             f"{'-ctx' * t.context_drafts}" for t in TREES])
 def test_static_phases_equal_eager_phases(tree: TreeParams, dtype: torch.dtype) -> None:
     target, head = tiny_models("cpu", dtype)
     rows = phase_parity(target, head, tree, GraphMode.STATIC)
@@ -65,7 +69,7 @@ def test_static_phases_equal_eager_phases(tree: TreeParams, dtype: torch.dtype) 
 
 def test_extend_prepare_pads_copies_and_masks() -> None:
     target, head = tiny_models("cpu")
-    runners = GraphPhases(target, target.new_cache(max_len=64), head, TINY_TREE, 96)
+    runners = GraphPhases(target, target.new_cache(max_len=64), head, HEAD_TREE, 96)
     runner = runners.runners["extend"][1]
     width = runner.buffers.hidden.shape[1]
     for T in (2, 5, 1):  # grow to the full width, then shrink: stale rows must not survive
@@ -89,7 +93,7 @@ def test_verify_prepare_builds_whole_cache_tree_mask() -> None:
     parents = torch.tensor([-1, 0, 0, 1, 2, 3])
     depth, ancestors, retrieve = reference.build_tree_from_parents(parents, 3)
     runner.replay_prepare(EagleVerifyInput(torch.arange(6) + 3, parents, depth, ancestors,
-                                           retrieve, 20, torch.ones(6)))
+                                           retrieve, 20, torch.ones(6), torch.zeros_like(parents)))
     b = runner.buffers
     assert b.mask[:, :20].all() and not b.mask[:, 26:].any()
     assert torch.equal(b.mask[:, 20:26], ancestors)
@@ -117,8 +121,8 @@ def test_decode_runner_equals_the_baseline_step() -> None:
 
 def test_fallback_to_eager_when_the_call_does_not_fit() -> None:
     target, head = tiny_models("cpu")
-    K, S = TINY_TREE.topk, TINY_TREE.num_steps
-    runners = GraphPhases(target, target.new_cache(max_len=96), head, TINY_TREE, 96 + K * S)
+    K, S = HEAD_TREE.topk, HEAD_TREE.num_steps
+    runners = GraphPhases(target, target.new_cache(max_len=96), head, HEAD_TREE, 96 + K * S)
     state = prefill_both(target, head, (runners.runners["verify"][1].cache,),
                          (runners.draft_cache,), K, seed=3)
     long_ext = EagleDraftExtendInput(torch.arange(3, 3 + S + 2), torch.randn(
@@ -136,8 +140,8 @@ def test_fallback_to_eager_when_the_call_does_not_fit() -> None:
     assert runners._runner("draft", head, runners.draft_cache, state) is not None
     head.lm_head.weight = torch.nn.Parameter(head.lm_head.weight.clone())  # rebound after capture
     assert runners._runner("draft", head, runners.draft_cache, state) is None
-    tree = runners.draft(head, state, runners.draft_cache, TINY_TREE)
-    assert torch.equal(tree.tokens, draft(head, state, runners.draft_cache, TINY_TREE).tokens)
+    tree = runners.draft(head, state, runners.draft_cache, HEAD_TREE)
+    assert torch.equal(tree.tokens, draft(head, state, runners.draft_cache, HEAD_TREE).tokens)
 
 
 def test_engine_static_path_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,7 +183,7 @@ def test_capture_hidden_modes() -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
-                                             for t in TREES])
+                                             f"{'-ctx' * t.context_drafts}" for t in TREES])
 def test_graph_replay_equals_eager(tree: TreeParams, dtype: torch.dtype) -> None:
     target, head = tiny_models("cuda", dtype)
     assert failures(phase_parity(target, head, tree, GraphMode.GRAPHS)) == []

@@ -4,9 +4,13 @@ A synthetic target over a 5-token vocabulary (logits a fixed pseudo-random funct
 prefix) and a fixed draft tree per prefix (depth 3, up to 3 siblings). Speculative rounds
 (`tests.helpers.accept_sampled` on the tree's logits, then a new tree after the emitted tokens) produce
 the first 3 tokens; their empirical joint distribution over 125 cells must match the target's
-exact autoregressive distribution (chi-square), plain and with top-k / top-p. Two deliberately
-broken acceptance rules must FAIL the same statistic, and a synthetic 5% bias must be detected
-at the sample size used. Also the sampler primitives (`target_probs`, `sample_from`).
+exact autoregressive distribution (chi-square), plain and with top-k / top-p. The same holds
+with drafts from the context: the head's tree merged with the chain a suffix index over the
+context proposes (`tree.merge_context`), under a budget that drops nodes of both sources. A
+context node is a deterministic proposal like the head's top-k nodes (q = point mass), so the
+same acceptance rule applies to it unchanged. Two deliberately broken acceptance rules must FAIL
+the same statistic, and a synthetic 5% bias must be detected at the sample size used. Also the
+sampler primitives (`target_probs`, `sample_from`).
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from eagle_engine.config import SamplingParams
-from eagle_engine.io_struct import EagleVerifyInput
+from eagle_engine.config import SamplingParams, TreeParams
+from eagle_engine.context_draft import ContextIndex
+from eagle_engine.io_struct import DraftTree, EagleVerifyInput, NodeSource
 from eagle_engine.kernels import build_tree_from_parents
 from eagle_engine.sampling import next_token, sample_from, target_probs
+from eagle_engine.tree import build_tree, merge_context
 from tests.helpers import accept_sampled
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -67,7 +73,7 @@ class SyntheticTarget:
                 rows.append(target_logits(ctx + tuple(tokens[i] for i in path)))
             vin = EagleVerifyInput(torch.tensor(tokens), self.parents, self.depth,
                                    self.ancestors, self.retrieve, len(ctx),
-                                   torch.ones(len(tokens)))
+                                   torch.ones(len(tokens)), torch.zeros_like(self.parents))
             self.cache[ctx] = (vin, torch.stack(rows))
         return self.cache[ctx]
 
@@ -80,6 +86,38 @@ class SyntheticTarget:
             out += emitted
             ctx += tuple(emitted)
         return tuple(out[:LENGTH])
+
+
+CONTEXT_TREE = TreeParams(3, 3, 6, context_drafts=True)  # 5 of the head's 7 nodes + a chain
+
+
+class ContextSyntheticTarget(SyntheticTarget):
+    """The synthetic target's head trees as candidates (path probability 0.25 / (rank + 1) per
+    level: low enough that chains from the context often take part of the budget), merged with the chain a `ContextIndex` over the context proposes, the best
+    `CONTEXT_TREE.num_draft_tokens - 1` of both selected; verify logits per selected node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = SyntheticTarget()
+
+    def tree(self, ctx: tuple[int, ...]) -> tuple[EagleVerifyInput, torch.Tensor]:
+        if ctx not in self.cache:
+            head, _ = self.head.tree(ctx)
+            parents = [p - 1 for p in TREE_PARENTS[1:]]  # node i -> candidate i - 1
+            scores: list[float] = []
+            for c, p in enumerate(parents):
+                rank = sum(1 for j in range(c) if parents[j] == p)
+                scores.append((scores[p] if p >= 0 else 1.0) * 0.25 / (rank + 1))
+            drafted = DraftTree(torch.tensor(scores), head.tokens[1:], torch.tensor(parents))
+            chain = ContextIndex(list(ctx)).propose(CONTEXT_TREE.num_draft_tokens - 1)
+            if chain:
+                drafted = merge_context(drafted, chain, CONTEXT_TREE)
+            vin = build_tree(drafted, ctx[-1], len(ctx), CONTEXT_TREE)
+            tokens = vin.tokens.tolist()
+            rows = [target_logits(ctx + tuple(tokens[i] for i in path.tolist() if i > 0))
+                    for path in vin.retrieve_indices]
+            self.cache[ctx] = (vin, torch.stack(rows))
+        return self.cache[ctx]
 
 
 def exact_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
@@ -171,6 +209,33 @@ def test_trees_are_valid_and_draft_something(synthetic: SyntheticTarget) -> None
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_engine_rule_is_lossless(synthetic: SyntheticTarget, name: str) -> None:
     stat, p, tv = run(synthetic, accept_sampled, CONFIGS[name])
+    assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
+    assert tv < 0.05
+
+
+@pytest.fixture(scope="module")
+def with_context() -> ContextSyntheticTarget:
+    return ContextSyntheticTarget()
+
+
+def test_context_trees_mix_both_sources(with_context: ContextSyntheticTarget) -> None:
+    """The merged trees hold context nodes (some deeper than the head's), shared ones, and
+    both kinds get accepted."""
+    g = torch.Generator().manual_seed(0)
+    accepted: Counter = Counter()
+    for _ in range(400):
+        ctx = (ROOT,) + tuple(torch.randint(0, V, (3,), generator=g).tolist())
+        vin, logits = with_context.tree(ctx)
+        assert vin.tokens.numel() == CONTEXT_TREE.num_draft_tokens
+        path, _ = accept_sampled(vin, logits, CONFIGS["T1"], g)
+        accepted.update(NodeSource(int(vin.sources[i])) for i in path[1:])
+    assert min(accepted[s] for s in NodeSource) >= 10, accepted
+
+
+@pytest.mark.parametrize("name", ["T1", "T1.3_topp0.8"])
+def test_engine_rule_is_lossless_with_context_drafts(with_context: ContextSyntheticTarget,
+                                                     name: str) -> None:
+    stat, p, tv = run(with_context, accept_sampled, CONFIGS[name], seed=2)
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
 

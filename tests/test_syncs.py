@@ -3,8 +3,9 @@
 `sync_count.HostSyncs` counts what would make a GPU's host wait (scalar reads, `torch.equal`,
 `.tolist()`, uploads of Python data, data-dependent shapes); it must see each of them, and not
 plain device ops. With it, every iteration of the engine on CPU (greedy, sampled, traced or not)
-makes exactly one host sync, the packed copy of `accept.read_back`, and a baseline step one (its
-token). On CUDA the same is checked with `torch.cuda.set_sync_debug_mode` (marked `cuda`).
+makes exactly one host sync, the packed copy of `accept.read_back` (with drafts from the
+context too), and a baseline step one (its token). On CUDA the same is checked with
+`torch.cuda.set_sync_debug_mode` (marked `cuda`).
 """
 from __future__ import annotations
 
@@ -83,6 +84,22 @@ def test_eagle_iteration_syncs_once(engine: EagleEngine, mode: str, trace: bool,
         assert syncs.kinds == {"tolist": 1}, (ev.step, syncs.where)
         assert next(iter(syncs.where)).startswith("tolist at accept.py:")  # read_back
         assert bool(ev.tree) == trace and ev.tokens
+
+
+@pytest.mark.parametrize("mode", sorted(PARAMS))
+def test_context_drafts_add_no_sync(engine: EagleEngine, mode: str) -> None:
+    """With drafts from the context on a repetitive prompt (chains proposed, merged and
+    accepted), still one host sync per iteration: the suffix match runs over tokens the host
+    already has, and its chain reaches the device as fills, not an upload."""
+    repeat = [1] + [10, 11, 12, 13, 14, 15, 16, 17] * 4
+    tree = TreeParams(2, 3, 6, context_drafts=True)
+    events = engine.stream(repeat, PARAMS[mode], tree, "head", trace=True)
+    steps = list(per_step(events))
+    for ev, syncs in steps[1:]:
+        assert syncs.kinds == {"tolist": 1}, (ev.step, syncs.where)
+    assert any(node.source == "context" for ev, _ in steps for node in ev.tree)
+    if mode == "greedy":  # the tiny target's sampled text does not repeat the prompt
+        assert steps[-1][0].stats["context_tokens"] > 0
 
 
 def test_baseline_step_syncs_once(engine: EagleEngine) -> None:

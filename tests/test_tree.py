@@ -31,8 +31,8 @@ def worked_example() -> DraftTree:
 
 
 def test_worked_example() -> None:
-    vin = build_tree(worked_example(), ROOT, SEQ, TreeParams(topk=2, num_steps=3,
-                                                              num_draft_tokens=5))
+    vin = build_tree(worked_example(), ROOT, SEQ, TreeParams(
+        topk=2, num_steps=3, num_draft_tokens=5, context_drafts=False))
     # selected candidates {a, b, aa, aaa} -> nodes [root, a, b, aa, aaa]
     assert vin.tokens.tolist() == [ROOT, 10, 11, 12, 16]
     assert vin.parents.tolist() == [-1, 0, 0, 1, 3]
@@ -85,7 +85,7 @@ SHAPES = [(1, 1, 2), (1, 6, 7), (2, 3, 11), (3, 4, 12), (4, 1, 5), (4, 6, 32), (
 @pytest.mark.parametrize("K, S, N", SHAPES)
 def test_random_trees_satisfy_invariants(K: int, S: int, N: int) -> None:
     g = torch.Generator().manual_seed(K * 100 + S * 10 + N)
-    tree = TreeParams(K, S, N)
+    tree = TreeParams(K, S, N, context_drafts=False)  # the head's own tree, num_steps deep
     for _ in range(5):
         drafted = random_draft_tree(K, S, g)
         assert drafted.tokens.numel() == tree.capacity
