@@ -33,6 +33,7 @@ class RunStats:
     accepted_per_depth: list[int] = field(default_factory=list)  # steps accepting >= d drafts
     elapsed_s: float = 0.0  # the engine's time on the request (not the caller's between events)
     prefill_s: float = 0.0
+    reused_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
     phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode
 
     @property
