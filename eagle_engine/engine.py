@@ -28,7 +28,7 @@ import torch
 from .accept import commit, extend_input, read_back
 from .chat import IncrementalDetokenizer, encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
-from .cuda_graph import Phases, phases_for
+from .cuda_graph import EAGER_PHASES, Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
@@ -203,10 +203,12 @@ class Run:
     produced; the per-request halves of each phase (`prefill`, `accept`, `after_readback`,
     `iteration_event`, `keep_prefix`) and `loop`, which sequences them for `stream`.
     `cache` is the target cache it writes (the engine's for `stream`, its own under the
-    scheduler); the draft cache is its own, sized like `cache` plus the draft's scratch rows."""
+    scheduler); the draft cache is its own, sized like `cache` plus the draft's scratch rows
+    (`eager`: always, with the eager phases; else CUDA-graph phases bring theirs)."""
 
     def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
-                 tree: TreeParams, head: str | None, trace: bool, cache: KVCache) -> None:
+                 tree: TreeParams, head: str | None, trace: bool, cache: KVCache,
+                 eager: bool = False) -> None:
         self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
         self.trace, self.head, self.cache = trace, head, cache
         self.draft_model = engine.heads[head] if head else None
@@ -219,7 +221,7 @@ class Run:
             self.generator = torch.Generator(device=dev).manual_seed(params.seed)
         self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
-        self.phases = engine.phases(head, tree)
+        self.phases = EAGER_PHASES if eager else engine.phases(head, tree)
         self.draft_cache = self.phases.draft_cache
         if self.draft_model is not None and self.draft_cache is None:  # tree scratch past max_len
             self.draft_cache = self.draft_model.new_cache(
@@ -352,6 +354,12 @@ class Run:
         ext = None if finished else extend_input(vin, vout, n_acc, tl.features)
         return spans, finished, ext
 
+    def after_decode(self, token: int) -> tuple[list[TokenSpan], str | None]:
+        """Stats and stop rules for a plain decode step's token."""
+        self.stats.num_steps += 1
+        self.stats.step_tokens += 1
+        return self._emit([token], ["target"], [0])
+
     def iteration_event(self, got: VerifyReadback, spans: list[TokenSpan],
                         finished: str | None, timings: dict[str, float],
                         **extra) -> StepEvent:
@@ -414,7 +422,5 @@ class Run:
             logits = self.phases.decode(target, tok, seq, self.cache)  # [1, V]
             tok = next_token(logits, self.params, self.generator)  # [1]
             seq += 1
-            self.stats.num_steps += 1
-            self.stats.step_tokens += 1
-            spans, finished = self._emit([int(tok)], ["target"], [0])
+            spans, finished = self.after_decode(int(tok))
             yield self.event(spans, finished, {"decode": (time.perf_counter() - t0) * 1000})

@@ -66,6 +66,7 @@ class StepEvent:
     timings_ms: dict[str, float] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)  # RunStats.to_dict() after this step
     finished: str | None = None  # "eos" | "length" | "stop" | "context" when this is the last
+    batch: int = 1  # requests that shared this engine step (the scheduler's batch; 1 alone)
 
     def to_dict(self) -> dict:
         return asdict(self)
