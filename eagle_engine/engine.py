@@ -304,13 +304,11 @@ class Run:
                                   self.draft_rows)
 
     def loop(self) -> Iterator[StepEvent]:
-        """The request alone: yields its events; keeps its prefix when it ends or is closed
-        between events."""
-        try:
-            yield from self._loop()
-        except GeneratorExit:
-            self.keep_prefix()
-            raise
+        """The request alone: yields its events, then keeps its prefix. A generator closed
+        early keeps nothing: its close may run on another thread while the engine's cache
+        already holds the next request (the scheduler, which owns each request's caches, keeps
+        a stopped request's prefix)."""
+        yield from self._loop()
         self.keep_prefix()
 
     def _loop(self) -> Iterator[StepEvent]:
