@@ -258,11 +258,13 @@ def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
           interval: float) -> Iterator[StepEvent]:
     """`add` every event; yield the first one and then those arriving at least `interval` after
     the previous yield returned (the caller draws a frame for them). The caller draws the last
-    state itself once the events end."""
+    state itself once the events end. When B requests shared the event's engine step, the
+    interval is B times as long: the server then draws about as many frames per second for
+    all its visitors together as for one (frames cost the CPU the engine runs on)."""
     last = None
     for ev in events:
         add(ev)
-        if last is None or time.perf_counter() - last >= interval:
+        if last is None or time.perf_counter() - last >= interval * ev.batch:
             yield ev
             last = time.perf_counter()
 

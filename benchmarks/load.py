@@ -6,7 +6,8 @@ One run starts `app.py` twice on loopback, one after the other, each on its own 
 full, as the app answered before the scheduler) and `scheduler` (`--max-batch B`, KV reuse
 across turns on). Against each, N simulated visitors (one `gradio_client.Client` each, so one
 Gradio session each) ask Q questions as conversations (MT-bench turns, greedy, EAGLE-3 with the
-app's default head and tree), all at once. Per server it reports the total time, answers per
+app's default head and the tree `--tree`: by default k1 s1 n2, the tree `tune` measured fastest
+on the 2-core AVX2 EPYC; the servers start with `--no-tune`), all at once. Per server it reports the total time, answers per
 second, p50 / p95 time to first token (the first streamed frame) and per-answer latency; the
 server's resident memory (VmRSS) before, during and after, and over `--memory-answers` further
 answers; then one visitor's `--turns`-turn conversation alone, with each turn's time to first
@@ -106,10 +107,12 @@ class Server:
             self.proc.wait()
 
 
-def ask(client: Any, question: str, max_new_tokens: int) -> dict[str, Any]:
+def ask(client: Any, question: str, max_new_tokens: int, tree: tuple[int, int, int]
+        ) -> dict[str, Any]:
     """One chat turn, streamed: time to the first frame, to the last, and the answer."""
     t0 = time.perf_counter()
     job = client.submit(question, max_new_tokens=max_new_tokens, temperature=0.0,
+                        topk=tree[0], num_steps=tree[1], num_draft_tokens=tree[2],
                         api_name="/chat")
     ttft = None
     for _ in job:  # each streamed frame
@@ -125,8 +128,8 @@ def ask(client: Any, question: str, max_new_tokens: int) -> dict[str, Any]:
             "status": final[CHAT_OUT["status"]]}
 
 
-def visitors(server: Server, conversations: list[list[str]], max_new_tokens: int
-             ) -> tuple[float, list[list[dict[str, Any]]]]:
+def visitors(server: Server, conversations: list[list[str]], max_new_tokens: int,
+             tree: tuple[int, int, int]) -> tuple[float, list[list[dict[str, Any]]]]:
     """All visitors at once, each its conversation turn by turn -> (wall time, answers)."""
     clients = [server.client() for _ in conversations]
     answers: list[list[dict[str, Any]]] = [[] for _ in conversations]
@@ -135,7 +138,7 @@ def visitors(server: Server, conversations: list[list[str]], max_new_tokens: int
     def visit(i: int) -> None:
         try:
             for question in conversations[i]:
-                answers[i].append(ask(clients[i], question, max_new_tokens))
+                answers[i].append(ask(clients[i], question, max_new_tokens, tree))
         except BaseException as e:  # noqa: BLE001 - reported after the run
             errors.append(e)
     threads = [threading.Thread(target=visit, args=(i,)) for i in range(len(conversations))]
@@ -165,20 +168,21 @@ def summary(wall: float, answers: list[list[dict[str, Any]]]) -> dict[str, Any]:
             "batched_status": sum("shared by up to" in a["status"] for a in flat)}
 
 
-def conversation_alone(server: Server, turns: list[str], max_new_tokens: int
-                       ) -> list[dict[str, Any]]:
+def conversation_alone(server: Server, turns: list[str], max_new_tokens: int,
+                       tree: tuple[int, int, int]) -> list[dict[str, Any]]:
     client = server.client()
     return [{k: a[k] for k in ("ttft_s", "latency_s", "reused_tokens", "prefill_s", "tokens")}
-            for a in (ask(client, q, max_new_tokens) for q in turns)]
+            for a in (ask(client, q, max_new_tokens, tree) for q in turns)]
 
 
 def memory_run(server: Server, conversations: list[list[str]], answers: int,
-               max_new_tokens: int, deadline: float) -> list[dict[str, float]]:
+               max_new_tokens: int, tree: tuple[int, int, int], deadline: float
+               ) -> list[dict[str, float]]:
     """Further rounds of all visitors until `answers` more answers (or the deadline): the
     server's RSS after each round."""
     done, rounds = 0, []
     while done < answers and time.perf_counter() < deadline:
-        _, got = visitors(server, conversations, max_new_tokens)
+        _, got = visitors(server, conversations, max_new_tokens, tree)
         done += sum(len(c) for c in got)
         rounds.append({"answers": done, "rss_mb": server.rss()})
     return rounds
@@ -199,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--questions", type=int, default=2, help="turns per visitor")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=4, help="the scheduler's --max-batch")
+    p.add_argument("--tree", default="1,1,2", help="topk,num_steps,num_draft_tokens")
     p.add_argument("--turns", type=int, default=5, help="the lone conversation's turns")
     p.add_argument("--memory-answers", type=int, default=32,
                    help="further answers on the scheduler, RSS after each round")
@@ -209,9 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     if not (1 <= args.visitors <= 32 and 1 <= args.questions <= 4):
         raise SystemExit("--visitors must be in [1, 32] and --questions in [1, 4]")
     deadline = time.perf_counter() + args.max_seconds
+    tree = tuple(int(v) for v in args.tree.split(","))
     convs, long_turns = load_conversations(args.visitors, args.questions, args.turns)
     log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-    common = ["--max-len", str(args.max_len), "--single-weights"]
+    common = ["--max-len", str(args.max_len), "--single-weights", "--no-tune"]
     modes = {"serial": ["--max-batch", "1", "--prefix-cache-mb", "0"],
              "scheduler": ["--max-batch", str(args.batch)]}
     report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
@@ -221,15 +227,15 @@ def main(argv: list[str] | None = None) -> None:
         server = Server(name, common + extra, log_dir, ready_s=600)
         try:
             rss_idle = server.rss()
-            wall, answers[name] = visitors(server, convs, args.max_new_tokens)
+            wall, answers[name] = visitors(server, convs, args.max_new_tokens, tree)
             result = summary(wall, answers[name])
             result |= {"start_s": server.start_s, "rss_idle_mb": rss_idle,
                        "rss_peak_mb": max(r for _, r in server.samples),
                        "rss_after_mb": server.rss()}
-            result["alone"] = conversation_alone(server, long_turns, args.max_new_tokens)
+            result["alone"] = conversation_alone(server, long_turns, args.max_new_tokens, tree)
             if name == "scheduler":
                 result["memory"] = memory_run(server, convs, args.memory_answers,
-                                              args.max_new_tokens // 2, deadline)
+                                              args.max_new_tokens // 2, tree, deadline)
             report[name] = result
         finally:
             server.stop()

@@ -116,6 +116,7 @@ class _Iteration:
     tl: TreeLogits | None = None
     vout: EagleVerifyOutput | None = None
     got: VerifyReadback | None = None
+    read_size: int = 0  # values of the step's packed read that are this request's
 
 
 @dataclass(slots=True)
@@ -269,7 +270,9 @@ class Scheduler:
         for it, tl in zip(eagle, outs):
             it.tl = tl
             it.vout = it.req.run.accept(it.vin, tl)
-            parts += readback_parts(it.vin, it.vout, it.req.run.trace)
+            own = readback_parts(it.vin, it.vout, it.req.run.trace)
+            it.read_size = sum(p.numel() for p in own)
+            parts += own
         for r, tl in zip(plain, outs[len(eagle):]):
             r.token = next_token(tl.logits[-1:], r.run.params, r.run.generator)  # [1]
             parts.append(r.token.double())
@@ -277,9 +280,9 @@ class Scheduler:
         t2 = time.perf_counter()
         at = self._read_admitted(admitted, flat, step)
         for it in eagle:
-            size = sum(p.numel() for p in readback_parts(it.vin, it.vout, it.req.run.trace))
-            it.got = parse_readback(flat[at:at + size], it.vin, it.vout, it.req.run.trace)
-            at += size
+            it.got = parse_readback(flat[at:at + it.read_size], it.vin, it.vout,
+                                    it.req.run.trace)
+            at += it.read_size
         step.timings = {"draft": (t1 - t0) * 1000, "verify": (t2 - t1) * 1000}
         self._finish_eagle(eagle, step)
         t3 = time.perf_counter()
