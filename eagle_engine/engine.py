@@ -9,8 +9,9 @@ the emitted tokens, the accepted path and the traced tree to the host in one pac
 the events are built from it (a baseline step reads its one token). A request prefills into
 caches owned by the engine (or, under the scheduler, by the request), after restoring the rows
 its prompt shares with an earlier request from the prefix cache (`prefix_cache.py`, when
-`EngineConfig.prefix_cache_mb` > 0); only a request that ends cleanly (finished or stopped
-between iterations) leaves rows there, so a failed request never changes the next answer.
+`EngineConfig.prefix_cache_mb` > 0); only a request that ends cleanly (finished, or stopped
+between steps under the scheduler) leaves rows there, so a failed request never changes the
+next answer.
 `Run` holds one request's state and the per-request halves of each phase; `stream` sequences
 them for one request, `scheduler.py` for several at once.
 Not here: tensor math of the phases (draft/tree/verify/accept modules) or UI concerns.

@@ -280,28 +280,58 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
     }
 }
 
-// q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches [kv_heads, max_len, hd].
-// The query rows that share a kv head (its g heads x T tokens) go in tasks of up to 8, which
-// pass over the keys and values in chunks of 64 that stay in L1 for all of them. A row's scores
-// run over the cache rows up to its last visible one (the bias is -inf past it); masked keys
-// weigh exactly 0. So a row's numbers do not depend on the other rows of the call, and a tree
-// row equals the same token decoded alone after its path.
-void attention(const float* q, int64_t qs, const float* kc, const float* vc, const float* bias,
-               float* out, const Dims& d) {
-  constexpr int64_t kMaxRows = 8, kChunk = 64;
-  const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
+// One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
+// [kv_heads, max_len, hd]. The query rows that share a kv head (its g heads x T tokens) go in
+// tasks of up to 8, which pass over the keys and values in chunks of 64 that stay in L1 for all
+// of them. A row's scores run over the cache rows up to its last visible one (the bias is -inf
+// past it); masked keys weigh exactly 0. So a row's numbers do not depend on the other rows of
+// the call, and a tree row equals the same token decoded alone after its path.
+struct AttnSeq {
+  const float* q;
+  int64_t qs;
+  const float* kc;
+  const float* vc;
+  const float* bias;
+  float* out;
+  Dims d;
+  int64_t kRows, tasks;  // rows per task, tasks per kv head
+};
+
+constexpr int64_t kMaxRows = 8, kChunk = 64;
+
+AttnSeq attn_seq(const float* q, int64_t qs, const float* kc, const float* vc,
+                 const float* bias, float* out, const Dims& d) {
+  const int64_t rows = d.heads / d.kv_heads * d.T;
   // about 4 tasks a thread, so that no thread waits long for the last one
   const int64_t kRows = std::clamp<int64_t>(d.heads * d.T / (4 * at::get_num_threads()), 1, kMaxRows);
-  const int64_t tasks = (rows + kRows - 1) / kRows;
-  const float scale = 1.f / std::sqrt(float(d.hd));
-  at::parallel_for(0, d.kv_heads * tasks, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(kRows * d.S);
+  return {q, qs, kc, vc, bias, out, d, kRows, (rows + kRows - 1) / kRows};
+}
+
+// Every sequence's tasks in one parallel region (one wait for the threads, not one per sequence).
+void attention(const std::vector<AttnSeq>& seqs) {
+  std::vector<int64_t> first{0};  // first work item of each sequence
+  int64_t longest_s = 0;
+  for (const auto& a : seqs) {
+    first.push_back(first.back() + a.d.kv_heads * a.tasks);
+    longest_s = std::max(longest_s, a.d.S);
+  }
+  at::parallel_for(0, first.back(), 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(kMaxRows * longest_s);
     const float* qr[kMaxRows];
     const float* br[kMaxRows];
     float* orow[kMaxRows];
     int64_t end[kMaxRows];
     float total[kMaxRows];
-    for (int64_t i = i0; i < i1; ++i) {
+    size_t n = 0;
+    for (int64_t item = i0; item < i1; ++item) {
+      while (item >= first[n + 1]) ++n;
+      const AttnSeq& a = seqs[n];
+      const Dims& d = a.d;
+      const float *q = a.q, *kc = a.kc, *vc = a.vc, *bias = a.bias;
+      const int64_t qs = a.qs, kRows = a.kRows, tasks = a.tasks, i = item - first[n];
+      float* out = a.out;
+      const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
+      const float scale = 1.f / std::sqrt(float(d.hd));
       const int64_t j = i / tasks, r0 = (i % tasks) * kRows, nr = std::min(kRows, rows - r0);
       const float* kh = kc + j * d.max_len * d.hd;
       const float* vh = vc + j * d.max_len * d.hd;
@@ -512,6 +542,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     auto qkv = mm(x, w[1], w[2]);  // [T, qkv_w]
     float* qp = qkv.data_ptr<float>();
     rope(qp, cos.data_ptr<float>(), sin.data_ptr<float>(), T, qkv_w, heads + kv_heads, hd);
+    std::vector<AttnSeq> parts;
     for (size_t i = 0; i < n_seq; ++i) {  // each sequence: its own cache rows and attention
       const Dims& d = dims[i];
       const float* qs = qp + offsets[i] * qkv_w;
@@ -524,8 +555,10 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
           std::memcpy(vc + (j * d.max_len + start + t) * hd,
                       qs + t * qkv_w + (heads + kv_heads + j) * hd, hd * 4);
         }
-      attention(qs, qkv_w, kc, vc, bias_ptrs[i], attn.data_ptr<float>() + offsets[i] * heads * hd, d);
+      parts.push_back(attn_seq(qs, qkv_w, kc, vc, bias_ptrs[i],
+                               attn.data_ptr<float>() + offsets[i] * heads * hd, d));
     }
+    attention(parts);
     h.add_(mm(attn, w[3], w[4]));
     rms_norm(hp, w[5].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
     auto gu = mm(xn, w[6], w[7]);
