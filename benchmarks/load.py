@@ -1,18 +1,22 @@
 """How much faster does the playground answer many visitors with the scheduler than with
 today's serial queue, and does any answer change?
 
-One run starts `app.py` twice on loopback, one after the other, each on its own free port:
-`serial` (`--max-batch 1 --prefix-cache-mb 0`: one request at a time, every turn prefilled in
-full, as the app answered before the scheduler) and `scheduler` (`--max-batch B`, KV reuse
-across turns on). Against each, N simulated visitors (one `gradio_client.Client` each, so one
-Gradio session each) ask Q questions as conversations (MT-bench turns, greedy, EAGLE-3 with the
-app's default head and the tree `--tree`: by default k1 s1 n2, the tree `tune` measured fastest
-on the 2-core AVX2 EPYC; the servers start with `--no-tune`), all at once. Per server it reports the total time, answers per
-second, p50 / p95 time to first token (the first streamed frame) and per-answer latency; the
-server's resident memory (VmRSS) before, during and after, and over `--memory-answers` further
-answers; then one visitor's `--turns`-turn conversation alone, with each turn's time to first
-token and the prompt tokens it reused. Every greedy answer of the scheduler must equal the same
-visitor's answer on the serial server (each there ran alone): no cross-talk.
+One run starts `app.py` twice on loopback, each on its own free port: `serial`
+(`--max-batch 1 --prefix-cache-mb 0`: one request at a time, every turn prefilled in full, as
+the app answered before the scheduler) and `scheduler` (`--max-batch B`, KV reuse across turns
+on). Both stay up (an idle server costs no CPU) and take turns, `--rounds` times in alternating
+order, so that load from elsewhere on a shared machine falls on both alike. In a round, N
+simulated visitors (one `gradio_client.Client` each, so one Gradio session each) ask Q
+questions as conversations, all at once (MT-bench turns, a different slice of questions each
+round, so no round reuses another's cached rows; greedy, EAGLE-3 with the app's default head
+and the tree `--tree`: by default k1 s1 n2, the tree `tune` measured fastest on the 2-core
+AVX2 EPYC; the servers start with `--no-tune`). Per server it reports the total time, answers
+per second, p50 / p95 time to first token (the first streamed frame) and per-answer latency,
+and its resident memory (VmRSS); then, per server, one visitor's `--turns`-turn conversation
+alone, with each turn's time to first token and the prompt tokens it reused; last, the
+scheduler's RSS over `--memory-answers` further answers. Every greedy answer of the scheduler
+must equal the same visitor's answer on the serial server (each there ran alone): no
+cross-talk.
 Bounded: N <= 32 visitors, Q <= 4 questions, and `--max-seconds` for the whole run.
 
     PYTHONPATH=. python benchmarks/load.py --visitors 8 --questions 2 --batch 4 --out load.json
@@ -175,84 +179,104 @@ def conversation_alone(server: Server, turns: list[str], max_new_tokens: int,
             for a in (ask(client, q, max_new_tokens, tree) for q in turns)]
 
 
-def memory_run(server: Server, conversations: list[list[str]], answers: int,
-               max_new_tokens: int, tree: tuple[int, int, int], deadline: float
-               ) -> list[dict[str, float]]:
-    """Further rounds of all visitors until `answers` more answers (or the deadline): the
-    server's RSS after each round."""
+def memory_run(server: Server, rows: list[list[str]], visitors_n: int, questions: int,
+               offset: int, answers: int, max_new_tokens: int, tree: tuple[int, int, int],
+               deadline: float) -> list[dict[str, float]]:
+    """Further rounds of all visitors, new questions each round (so the prefix cache fills
+    and evicts), until `answers` more answers or the deadline: the server's RSS after each."""
     done, rounds = 0, []
     while done < answers and time.perf_counter() < deadline:
-        _, got = visitors(server, conversations, max_new_tokens, tree)
+        convs = load_conversations(rows, visitors_n, questions, offset + len(rounds) * visitors_n)
+        _, got = visitors(server, convs, max_new_tokens, tree)
         done += sum(len(c) for c in got)
         rounds.append({"answers": done, "rss_mb": server.rss()})
     return rounds
 
 
-def load_conversations(visitors_n: int, questions: int, turns: int
-                       ) -> tuple[list[list[str]], list[str]]:
-    rows = [json.loads(line)["turns"] for line in PROMPTS.read_text().splitlines()
-            ] if PROMPTS.is_file() else FALLBACK
-    convs = [(rows[i % len(rows)] * questions)[:questions] for i in range(visitors_n)]
-    long_turns = [t for r in rows[visitors_n:visitors_n + turns] for t in r][:turns]
-    return convs, long_turns
+def load_conversations(rows: list[list[str]], visitors_n: int, questions: int, offset: int
+                       ) -> list[list[str]]:
+    return [(rows[(offset + i) % len(rows)] * questions)[:questions] for i in range(visitors_n)]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--visitors", type=int, default=8)
     p.add_argument("--questions", type=int, default=2, help="turns per visitor")
+    p.add_argument("--rounds", type=int, default=2, help="rounds per server, alternating")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=4, help="the scheduler's --max-batch")
     p.add_argument("--tree", default="1,1,2", help="topk,num_steps,num_draft_tokens")
     p.add_argument("--turns", type=int, default=5, help="the lone conversation's turns")
-    p.add_argument("--memory-answers", type=int, default=32,
+    p.add_argument("--memory-answers", type=int, default=48,
                    help="further answers on the scheduler, RSS after each round")
     p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--max-seconds", type=float, default=1500, help="bound for the whole run")
+    p.add_argument("--max-seconds", type=float, default=1800, help="bound for the whole run")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    if not (1 <= args.visitors <= 32 and 1 <= args.questions <= 4):
-        raise SystemExit("--visitors must be in [1, 32] and --questions in [1, 4]")
+    if not (1 <= args.visitors <= 32 and 1 <= args.questions <= 4 and 1 <= args.rounds <= 4):
+        raise SystemExit("--visitors must be in [1, 32], --questions in [1, 4], --rounds in "
+                         "[1, 4]")
     deadline = time.perf_counter() + args.max_seconds
     tree = tuple(int(v) for v in args.tree.split(","))
-    convs, long_turns = load_conversations(args.visitors, args.questions, args.turns)
+    rows = [json.loads(line)["turns"] for line in PROMPTS.read_text().splitlines()
+            ] if PROMPTS.is_file() else FALLBACK
     log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
     common = ["--max-len", str(args.max_len), "--single-weights", "--no-tune"]
     modes = {"serial": ["--max-batch", "1", "--prefix-cache-mb", "0"],
              "scheduler": ["--max-batch", str(args.batch)]}
     report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
                               "cpu": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
-    answers: dict[str, list[list[dict[str, Any]]]] = {}
-    for name, extra in modes.items():
-        server = Server(name, common + extra, log_dir, ready_s=600)
-        try:
-            rss_idle = server.rss()
-            wall, answers[name] = visitors(server, convs, args.max_new_tokens, tree)
-            result = summary(wall, answers[name])
-            result |= {"start_s": server.start_s, "rss_idle_mb": rss_idle,
-                       "rss_peak_mb": max(r for _, r in server.samples),
-                       "rss_after_mb": server.rss()}
-            result["alone"] = conversation_alone(server, long_turns, args.max_new_tokens, tree)
-            if name == "scheduler":
-                result["memory"] = memory_run(server, convs, args.memory_answers,
-                                              args.max_new_tokens // 2, tree, deadline)
-            report[name] = result
-        finally:
+    servers = {}
+    try:
+        for name, extra in modes.items():
+            servers[name] = Server(name, common + extra, log_dir, ready_s=600)
+        report["rss_idle_mb"] = {name: s.rss() for name, s in servers.items()}
+        rounds: dict[str, list] = {name: [] for name in modes}
+        same, total = 0, 0
+        for r in range(args.rounds):
+            convs = load_conversations(rows, args.visitors, args.questions, r * args.visitors)
+            answers = {}
+            for name in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+                wall, answers[name] = visitors(servers[name], convs, args.max_new_tokens, tree)
+                rounds[name].append(summary(wall, answers[name]))
+                print(json.dumps({f"round {r} {name}": rounds[name][-1]}), flush=True)
+                if time.perf_counter() > deadline:
+                    raise SystemExit("--max-seconds passed")
+            pairs = [(a["text"], b["text"]) for sa, ba in zip(answers["serial"],
+                                                              answers["scheduler"])
+                     for a, b in zip(sa, ba)]
+            same += sum(a == b for a, b in pairs)
+            total += len(pairs)
+        for name in modes:
+            flat = rounds[name]
+            report[name] = {"rounds": flat, "total_s": sum(x["total_s"] for x in flat),
+                            "answers": sum(x["answers"] for x in flat),
+                            "ttft_p95_s": [x["ttft_p95_s"] for x in flat],
+                            "start_s": servers[name].start_s,
+                            "rss_peak_mb": max(v for _, v in servers[name].samples),
+                            "rss_after_mb": servers[name].rss()}
+        lone = rows[(args.rounds * args.visitors) % len(rows):][:args.turns]
+        lone_turns = [t for pair in lone for t in pair][:args.turns]
+        for name in modes:
+            report[name]["alone"] = conversation_alone(servers[name], lone_turns,
+                                                       args.max_new_tokens, tree)
+        report["scheduler"]["memory"] = memory_run(
+            servers["scheduler"], rows, args.visitors, args.questions,
+            args.rounds * args.visitors + args.turns, args.memory_answers,
+            args.max_new_tokens // 2, tree, deadline)
+    finally:
+        for server in servers.values():
             server.stop()
-        print(json.dumps({name: {k: v for k, v in report[name].items() if k != "alone"}},
-                         indent=1), flush=True)
-        if time.perf_counter() > deadline:
-            raise SystemExit("--max-seconds passed")
-    same = [[a["text"] == b["text"] for a, b in zip(sa, ba)]
-            for sa, ba in zip(answers["serial"], answers["scheduler"])]
-    report["greedy_equal"] = f"{sum(map(sum, same))}/{sum(map(len, same))}"
+    report["greedy_equal"] = f"{same}/{total}"
     report["total_ratio"] = report["scheduler"]["total_s"] / report["serial"]["total_s"]
     report["turn_ttft_s"] = {name: [t["ttft_s"] for t in report[name]["alone"]]
                              for name in modes}
     report["turn_reused"] = {name: [t["reused_tokens"] for t in report[name]["alone"]]
                              for name in modes}
-    print(json.dumps({k: report[k] for k in ("greedy_equal", "total_ratio", "turn_ttft_s",
-                                             "turn_reused")}, indent=1))
+    keys = ("greedy_equal", "total_ratio", "turn_ttft_s", "turn_reused", "rss_idle_mb")
+    print(json.dumps({k: report[k] for k in keys} | {
+        name: {k: v for k, v in report[name].items() if k not in ("rounds", "alone")}
+        for name in modes}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 
