@@ -45,7 +45,7 @@ import torch
 
 from .accept import extend, parse_readback, readback_parts
 from .batch_phases import decode_rows, draft_many, extend_many, target_many, tree_rows
-from .config import SamplingParams, TreeParams
+from .config import ConfigError, SamplingParams, TreeParams
 from .engine import EagleEngine, Run
 from .events import StepEvent
 from .io_struct import EagleDraftInput, EagleVerifyInput, EagleVerifyOutput, VerifyReadback
@@ -131,7 +131,9 @@ class Scheduler:
     def __init__(self, engine: EagleEngine, max_batch: int | None = None,
                  executor: Executor | None = None) -> None:
         self.engine = engine
-        self.max_batch = max_batch or engine.config.max_batch
+        self.max_batch = engine.config.max_batch if max_batch is None else max_batch
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         self.executor = executor
         self._lock = threading.Lock()
         self._waiting: deque[_Pending] = deque()
@@ -164,8 +166,16 @@ class Scheduler:
     # ----- the engine thread -----
     def _tick(self) -> None:
         """One step, then queue the next while there is work (other work queued on the same
-        executor runs in between)."""
-        self.step()
+        executor runs in between). An error outside a step's shared phases (those fail only
+        their requests) ends every running request, so the scheduler never stalls."""
+        try:
+            self.step()
+        except Exception as e:  # noqa: BLE001 - reported to every running request
+            log.exception("a scheduler step failed; %d running requests end with the error",
+                          len(self._active))
+            for req in self._active:
+                req.handle.put(e)
+            self._active.clear()
         with self._lock:
             self._ticking = bool(self._waiting or self._active)
             again = self._ticking

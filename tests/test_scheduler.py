@@ -209,3 +209,10 @@ def test_bundled_q4_batched_equals_solo() -> None:
         ["eagle3-aux-1layer", "eagle3-aux-1layer", None, "eagle3-aux-1layer"])]
     events, _ = run_all(engine, requests, 4)
     assert [tokens(e) for e in events] == solo(engine, requests)
+
+
+def test_bad_batch_and_cache_sizes_are_named() -> None:
+    with pytest.raises(ConfigError, match="max_batch must be in \\[1, 64\\], got 0"):
+        EngineConfig(max_batch=0)
+    with pytest.raises(ConfigError, match="prefix_cache_mb must be >= 0, got -1"):
+        EngineConfig(prefix_cache_mb=-1)
