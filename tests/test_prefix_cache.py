@@ -22,7 +22,7 @@ from tests.helpers import tiny_engine
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 TREE = TreeParams(2, 3, 6)
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
-Q4 = dict(weights="q4", hidden_size=64, intermediate_size=96, weight_scale=1.0)
+Q4 = {"weights": "q4", "hidden_size": 64, "intermediate_size": 96, "weight_scale": 1.0}
 HEAD = {"head": {"intermediate_size": 64}, "other": {"intermediate_size": 64, "seed": 5}}
 
 
@@ -33,7 +33,7 @@ def user_turn(seed: int, n: int = 9) -> list[int]:
 @pytest.fixture(scope="module", params=["q4", "fp32"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> EagleEngine:
-    kw = Q4 if request.param == "q4" else dict(weight_scale=1.0)
+    kw = Q4 if request.param == "q4" else {"weight_scale": 1.0}
     return tiny_engine(tmp_path_factory.mktemp(f"prefix_{request.param}"), HEAD, max_len=512,
                        **kw)
 

@@ -24,7 +24,7 @@ from tests.helpers import tiny_engine
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 HEADS = {"aux": {"intermediate_size": 64},
          "noaux": {"use_aux": False, "seed": 1, "intermediate_size": 64}}
-Q4 = dict(weights="q4", hidden_size=64, intermediate_size=96)
+Q4 = {"weights": "q4", "hidden_size": 64, "intermediate_size": 96}
 TREES = [TreeParams(2, 3, 6), TreeParams(1, 1, 2), TreeParams(3, 2, 7), TreeParams(1, 4, 5)]
 Request = tuple[list[int], SamplingParams, TreeParams, str | None]
 
