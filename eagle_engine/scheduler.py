@@ -25,6 +25,9 @@ greedy output equals the request run alone, and a sampled request draws the same
 own generator, so sampling stays lossless (and reproducible under a seed). A request whose
 admission fails gets its error alone; an error in a shared phase fails the requests of that
 step, whose caches are dropped, and the scheduler takes the next requests as before.
+A request's time (`RunStats.elapsed_s`) runs from its admission: a shared step counts whole
+for each request in it, and, as the scheduler never waits for a caller, the time a visitor's
+frames take on the same cores is in it too.
 Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on one engine
 thread: the `executor` given (the app's `EngineThread`), or the caller of `step` /
 `run_until_idle`. Without CUDA graphs: the batched phases run eagerly.
