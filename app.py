@@ -4,7 +4,9 @@ coloured token spans, with sidebar controls, speed tiles, the draft tree and a b
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
 model package, engine load with warm-up, plus a copy of the target with the other weights
 (q4 <-> dense) on a CPU, each target's plain-decoding speed for the speedup estimate, launch on
-GRADIO_SERVER_NAME / GRADIO_SERVER_PORT).
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B
+visitors are answered at once: their requests go to one `Scheduler` per engine, stepped
+together on the engine thread; B = 1 answers one request at a time.
 Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +36,7 @@ from eagle_engine.config import (
     TreeParams,
 )
 from eagle_engine.events import StepEvent
+from eagle_engine.scheduler import Scheduler
 from eagle_engine.speed_estimate import Estimate, PlainRate, estimate, measure
 
 log = logging.getLogger("app")
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "style.css"
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
+PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its next turn
 # A frame costs Gradio (and a browser on the same cores) tens of ms, more than an engine step
 # (docs/results.md, section 9): events within this interval share a frame.
 FRAME_INTERVAL_S = 0.1
@@ -81,16 +85,24 @@ class EngineThread:
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         return self._pool.submit(fn, *args).result()
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue `fn` on the thread without waiting (the scheduler's steps)."""
+        return self._pool.submit(fn, *args)
+
 
 class Playground:
     """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
     a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
-    Both engines share the tokenizer and carry the same heads."""
+    Both engines share the tokenizer and carry the same heads. With `max_batch` > 1 each
+    engine's requests go through its `Scheduler` (up to `max_batch` answered together);
+    with 1, each request runs alone through `engine.stream`."""
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
-                 rates: Mapping[str, PlainRate] | None = None) -> None:
+                 rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
+        self.schedulers = {w: Scheduler(e, max_batch, worker) for w, e in self.engines.items()
+                           } if max_batch > 1 else {}
         self.frame_interval = frame_interval
         # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
         self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
@@ -109,19 +121,31 @@ class Playground:
 
     def _steps(self, engine: Any, ids: list[int], sampling: SamplingParams, tree: TreeParams,
                head: str | None) -> Iterator[StepEvent]:
-        stream = engine.stream(ids, sampling, tree, head)
         try:
-            while True:
-                ev = self.worker.call(next, stream, None)
-                if ev is None:
-                    return
-                yield ev
+            yield from self._events(engine, ids, sampling, tree, head)
         except ConfigError as e:
             raise gr.Error(str(e), title="Request refused") from e
         except Exception as e:  # noqa: BLE001 - any engine failure becomes a readable toast
             log.exception("engine failure")
             raise gr.Error(f"The engine failed ({type(e).__name__}: {e}). The page stays usable: "
                            "try again, shorten the chat or change the settings.") from e
+
+    def _events(self, engine: Any, ids: list[int], sampling: SamplingParams, tree: TreeParams,
+                head: str | None) -> Iterator[StepEvent]:
+        """The request's events: from the engine's scheduler (a stopped visitor's request leaves
+        before its next step), or, one request at a time, each step of `engine.stream` on the
+        engine thread."""
+        scheduler = self.schedulers.get(engine.config.weights_label)
+        if scheduler is None:
+            stream = engine.stream(ids, sampling, tree, head)
+            while (ev := self.worker.call(next, stream, None)) is not None:
+                yield ev
+            return
+        handle = scheduler.submit(ids, sampling, tree, head)
+        try:
+            yield from handle.events()
+        finally:
+            handle.cancel()
 
     def run(self, turns: list[dict], user_text: str, s: ui.Settings) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
@@ -136,10 +160,15 @@ class Playground:
         view, events = ui.AnswerView(), self._steps(engine, ids, sampling, tree, head)
         first = next(events)  # context-window and engine errors surface before history changes
         turns = [*turns, {}]
-        for ev in paced(itertools.chain([first], events), view.add, self.frame_interval):
+        batches = []  # how many requests shared each step
+
+        def add(ev: StepEvent) -> None:
+            view.add(ev)
+            batches.append(ev.batch)
+        for ev in paced(itertools.chain([first], events), add, self.frame_interval):
             turns[-1] = answer_turn(user_text, view)
             status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
-                      f"({head or 'baseline'}, step {ev.step})")
+                      f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
             yield self._frame(turns, status, view, head, None, s.weights,
                               estimate(rate, len(ids), view.stats) if head else None)
         turns[-1] = answer_turn(user_text, view)
@@ -159,9 +188,13 @@ class Playground:
             b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
             speedup = tps / b_tps if b_tps else None
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
+        reused = view.stats.get("reused_tokens", 0)
         status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
                   f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}"
-                  f" · {s.weights} target")
+                  f" · {s.weights} target"
+                  + (f" · steps shared by up to {max(batches)} requests"
+                     if max(batches) > 1 else "")
+                  + (f" · {reused} prompt tokens reused from the last turn" if reused else ""))
         yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
                           sampling.greedy)
 
@@ -231,13 +264,23 @@ def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
           interval: float) -> Iterator[StepEvent]:
     """`add` every event; yield the first one and then those arriving at least `interval` after
     the previous yield returned (the caller draws a frame for them). The caller draws the last
-    state itself once the events end."""
+    state itself once the events end. When B requests shared the event's engine step, the
+    interval is B times as long: the server then draws about as many frames per second for
+    all its visitors together as for one (frames cost the CPU the engine runs on)."""
     last = None
     for ev in events:
         add(ev)
-        if last is None or time.perf_counter() - last >= interval:
+        if last is None or time.perf_counter() - last >= interval * ev.batch:
             yield ev
             last = time.perf_counter()
+
+
+def shared(batch: int) -> str:
+    """The status line's note on a step shared with other visitors' requests."""
+    if batch <= 1:
+        return ""
+    others = batch - 1
+    return f" · shared with {others} other request{'s' * (others > 1)}"
 
 
 def answer_turn(user_text: str, view: ui.AnswerView) -> dict:
@@ -331,16 +374,17 @@ def _main_panel() -> dict[str, Any]:
 
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
-               rates: Mapping[str, PlainRate] | None = None) -> gr.Blocks:
+               rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1) -> gr.Blocks:
     """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
-    plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines."""
-    pg = Playground(engines, worker or EngineThread(), frame_interval, rates)
+    plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines;
+    `max_batch`: how many visitors are answered at once (the chat handlers' concurrency)."""
+    pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
         o = _main_panel()
         settings = [c[n] for n in ui.SETTING_NAMES]
         outputs = [o[n] for n in OUTPUTS]
-        engine_kw = dict(outputs=outputs, concurrency_id="engine", concurrency_limit=1,
+        engine_kw = dict(outputs=outputs, concurrency_id="engine", concurrency_limit=max_batch,
                          show_progress_on=[o["status"]])
         runs = [o["send"].click(pg.send, [o["prompt"], o["history"], *settings], api_name="chat",
                                 **engine_kw),
@@ -390,6 +434,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-tune", action="store_true",
                    help="skip the first-start measurement of the fastest weights and tree "
                    "(eagle_engine/autotune.py); use the static defaults")
+    p.add_argument("--max-batch", type=int, default=EngineConfig.max_batch,
+                   help="visitors answered at once: their requests share each engine step "
+                   "(eagle_engine/scheduler.py); 1 answers one request at a time")
+    p.add_argument("--prefix-cache-mb", type=int, default=PREFIX_CACHE_MB,
+                   help="memory (MB) for reusing a conversation's cached rows on its next turn "
+                   "(least recently used first out; 0 prefills every turn in full)")
     p.add_argument("--single-weights", action="store_true",
                    help="do not load the second copy of the target (q4 <-> dense) that the "
                    "sidebar's 'Target weights' offers on a CPU")
@@ -413,7 +463,8 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
     config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
                           max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs,
-                          weights=args.weights)
+                          weights=args.weights, max_batch=args.max_batch,
+                          prefix_cache_mb=args.prefix_cache_mb)
     configs = [config]
     if device == "cpu" and not args.single_weights:
         configs.append(replace(config, dtype=args.dtype,
@@ -446,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
     log.info("plain decoding speed measured in %.1f s (for the speedup estimate)",
              time.perf_counter() - t0)
-    demo = build_demo(engines, worker, rates=rates)
+    demo = build_demo(engines, worker, rates=rates, max_batch=engines[0].config.max_batch)
     demo.queue(max_size=16, default_concurrency_limit=1)
     demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
 

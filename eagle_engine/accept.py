@@ -30,11 +30,23 @@ def read_back(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool) -> Ve
     """One copy to the host: [num_accepted, emitted (W), accepted_nodes (W), their sources (W)]
     and, with `trace`, the tree's tokens, parents, depth, sources and scores (N each), packed as
     float64 (exact for token ids below 2^53 and for float32 scores)."""
+    flat = torch.cat(readback_parts(vin, vout, trace)).tolist()  # the iteration's one host sync
+    return parse_readback(flat, vin, vout, trace)
+
+
+def readback_parts(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool
+                   ) -> list[torch.Tensor]:
+    """What `read_back` copies, as float64 tensors (the scheduler packs several requests')."""
     path_sources = vin.sources[vout.accepted_nodes.clamp_min(0)]  # [W] (past the end: junk)
     parts = [vout.num_accepted, vout.emitted, vout.accepted_nodes, path_sources]
     if trace:
         parts += [vin.tokens, vin.parents, vin.depth, vin.sources, vin.scores]
-    flat = torch.cat([p.double() for p in parts]).tolist()  # the iteration's one host sync
+    return [p.double() for p in parts]
+
+
+def parse_readback(flat: list[float], vin: EagleVerifyInput, vout: EagleVerifyOutput,
+                   trace: bool) -> VerifyReadback:
+    """`readback_parts` as read on the host (sizes from the tensors' shapes, no device read)."""
     n, W, N = int(flat[0]), vout.emitted.numel(), vin.tokens.numel()
     ints = [int(x) for x in flat[1:1 + 3 * W + (4 * N if trace else 0)]]
     tree = ints[3 * W:]
@@ -64,6 +76,12 @@ def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
     mask = causal_mask(T, ext.seq_len, dev)
     logits, hidden = model(ext.tokens[None], ext.hidden[None], positions, cache, ext.seq_len,
                            mask, from_target=True, last_only=True)
-    topk_p, topk_idx = torch.softmax(logits[0, -1], -1).topk(topk)
-    return EagleDraftInput(topk_p=topk_p, topk_ids=model.hot_ids[topk_idx],
-                           hidden=hidden[0, -1], root=ext.tokens[-1:], seq_len=ext.seq_len + T)
+    return draft_input_after(model, ext, logits[0, -1], hidden[0, -1], topk)
+
+
+def draft_input_after(model: Eagle3Draft, ext: EagleDraftExtendInput, logits: torch.Tensor,
+                      hidden: torch.Tensor, topk: int) -> EagleDraftInput:
+    """The next draft's input from the extend's last row: logits [Vd], hidden [Hd]."""
+    topk_p, topk_idx = torch.softmax(logits, -1).topk(topk)
+    return EagleDraftInput(topk_p=topk_p, topk_ids=model.hot_ids[topk_idx], hidden=hidden,
+                           root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())

@@ -444,7 +444,10 @@ class EngineConfig:
     holds its linears: `dense` in `dtype`, or `q4` on CPU (`models/cpu_lowbit.py`: the GGUF's
     4-bit codes; float32 activations, quantized to int8 inside each product, so `dtype` is
     fp32); `auto` resolves on construction
-    (`resolve_weights`)."""
+    (`resolve_weights`). `max_batch` is how many requests the scheduler steps together
+    (`scheduler.py`; 1 answers one at a time); `prefix_cache_mb` bounds the memory that keeps
+    finished requests' cache rows for the next chat turn (`prefix_cache.py`; 0 turns reuse
+    off)."""
 
     target: str = "bundled"
     drafts: tuple[str, ...] = ("bundled",)
@@ -455,6 +458,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     packed_weights: bool = True
     weights: str = "auto"
+    max_batch: int = 4
+    prefix_cache_mb: int = 0
 
     def __post_init__(self) -> None:
         weights = resolve_weights(self.weights, self.target, self.device, self.dtype)
@@ -463,6 +468,10 @@ class EngineConfig:
         object.__setattr__(self, "dtype", dtype)
         if self.max_len < 16:
             raise ConfigError(f"max_len must be >= 16, got {self.max_len}")
+        if not 1 <= self.max_batch <= 64:
+            raise ConfigError(f"max_batch must be in [1, 64], got {self.max_batch}")
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
 
     @property
     def weights_label(self) -> str:

@@ -6,9 +6,14 @@
 `stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
 mode) and `generate()` consumes it. An iteration syncs with the device once: `read_back` copies
 the emitted tokens, the accepted path and the traced tree to the host in one packed copy, and
-the events are built from it (a baseline step reads its one token). Every request prefills from
-scratch into caches owned by the engine, so a stopped or failed request never leaves state that
-changes the next answer.
+the events are built from it (a baseline step reads its one token). A request prefills into
+caches owned by the engine (or, under the scheduler, by the request), after restoring the rows
+its prompt shares with an earlier request from the prefix cache (`prefix_cache.py`, when
+`EngineConfig.prefix_cache_mb` > 0); only a request that ends cleanly (finished, or stopped
+between steps under the scheduler) leaves rows there, so a failed request never changes the
+next answer.
+`Run` holds one request's state and the per-request halves of each phase; `stream` sequences
+them for one request, `scheduler.py` for several at once.
 Not here: tensor math of the phases (draft/tree/verify/accept modules) or UI concerns.
 """
 from __future__ import annotations
@@ -25,19 +30,21 @@ from .accept import commit, extend_input, read_back
 from .chat import IncrementalDetokenizer, encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
 from .context_draft import ContextIndex
-from .cuda_graph import Phases, phases_for
+from .cuda_graph import EAGER_PHASES, Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
-from .io_struct import EagleDraftExtendInput, EagleDraftInput, NodeSource, VerifyReadback
-from .kv_cache import causal_mask
+from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
+                        EagleVerifyOutput, NodeSource, VerifyReadback)
+from .kv_cache import KVCache, causal_mask
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
 from .models.draft_io import load_draft
 from .models.draft_model import Eagle3Draft
 from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
+from .prefix_cache import PrefixCache
 from .sampling import next_token
 from .tree import build_tree, merge_context
-from .verify import greedy_acceptance, sampled_acceptance
+from .verify import TreeLogits, greedy_acceptance, sampled_acceptance
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +106,7 @@ class EagleEngine:
                  config: EngineConfig) -> None:
         self.target, self.tokenizer, self.heads, self.config = target, tokenizer, heads, config
         self.cache = target.new_cache(max_len=config.max_len)
+        self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2 ** 20)
         self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
         self.default_tree = config.default_tree  # the measured fastest after `autotune.apply`
@@ -159,7 +167,7 @@ class EagleEngine:
         stats = RunStats(**{k: v for k, v in last.stats.items() if k in RunStats.__slots__})
         return GenerationResult(text, ids, last.finished or "length", stats, events)
 
-    def _check_request(self, prompt_ids: list[int], tree: TreeParams | None,
+    def check_request(self, prompt_ids: list[int], tree: TreeParams | None,
                        head: str | None) -> None:
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
@@ -184,21 +192,27 @@ class EagleEngine:
         Run time in the stats is the engine's own: time the caller holds an event (a UI drawing
         a frame) is not counted, so tokens/s and speedups do not depend on the consumer."""
         tree = tree or self.default_tree
-        self._check_request(prompt_ids, tree, head)
-        run = _Run(self, prompt_ids, params, tree, head, trace)
+        self.check_request(prompt_ids, tree, head)
+        run = Run(self, prompt_ids, params, tree, head, trace, self.cache)
         for ev in run.loop():
             handed_over = time.perf_counter()
             yield ev
             run.t_start += time.perf_counter() - handed_over
 
 
-class _Run:
-    """State of one request: stats, detokenizer, generator; `loop` sequences the phases."""
+class Run:
+    """State of one request: its caches, stats, detokenizer, generator and every token it
+    produced; the per-request halves of each phase (`prefill`, `accept`, `after_readback`,
+    `iteration_event`, `keep_prefix`) and `loop`, which sequences them for `stream`.
+    `cache` is the target cache it writes (the engine's for `stream`, its own under the
+    scheduler); the draft cache is its own, sized like `cache` plus the draft's scratch rows
+    (`eager`: always, with the eager phases; else CUDA-graph phases bring theirs)."""
 
     def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
-                 tree: TreeParams, head: str | None, trace: bool) -> None:
+                 tree: TreeParams, head: str | None, trace: bool, cache: KVCache,
+                 eager: bool = False) -> None:
         self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
-        self.trace = trace
+        self.trace, self.head, self.cache = trace, head, cache
         self.draft_model = engine.heads[head] if head else None
         self.aux_ids: tuple[int, ...] = ()
         if self.draft_model is not None and self.draft_model.cfg.use_aux_hidden_state:
@@ -211,11 +225,13 @@ class _Run:
         # per depth up to num_steps, grown when a chain from the context is accepted deeper
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
         self.context: ContextIndex | None = None  # the suffix index, with context drafts
-        self.phases = engine.phases(head, tree)
+        self.phases = EAGER_PHASES if eager else engine.phases(head, tree)
         self.draft_cache = self.phases.draft_cache
         if self.draft_model is not None and self.draft_cache is None:  # tree scratch past max_len
             self.draft_cache = self.draft_model.new_cache(
-                engine.config.max_len + tree.topk * tree.num_steps)
+                cache.max_len + tree.topk * tree.num_steps)
+        self.tokens = list(prompt_ids)  # the prompt and every token generated (past a stop too)
+        self.draft_rows = 0  # draft cache rows holding committed tokens
         self.t_start = time.perf_counter()
         self.step = 0
 
@@ -225,6 +241,7 @@ class _Run:
     def _emit(self, tokens: list[int], kinds: list[str], depths: list[int],
               sources: list[str] | None = None) -> tuple[list[TokenSpan], str | None]:
         """Apply stop rules to emitted tokens; returns kept spans and a finish reason."""
+        self.tokens += tokens
         spans, finished = [], None
         for tok, kind, depth, source in zip(tokens, kinds, depths, sources or [""] * len(tokens)):
             if tok in self.e.eos_ids and not self.params.ignore_eos:
@@ -242,8 +259,8 @@ class _Run:
             spans[-1].text += self.detok.flush()
         return spans, finished
 
-    def _event(self, spans: list[TokenSpan], finished: str | None, timings: dict[str, float],
-               **extra) -> StepEvent:
+    def event(self, spans: list[TokenSpan], finished: str | None, timings: dict[str, float],
+              **extra) -> StepEvent:
         self.stats.elapsed_s = time.perf_counter() - self.t_start
         for k, v in timings.items():
             self.stats.phase_s[k] = self.stats.phase_s.get(k, 0.0) + v / 1000
@@ -256,53 +273,81 @@ class _Run:
         self.step += 1
         return ev
 
-    def _prefill(self) -> tuple[torch.Tensor, EagleDraftExtendInput]:
+    def prefill(self) -> tuple[torch.Tensor, EagleDraftExtendInput]:
         """-> (the first generated token [1], on the device; the draft extend's input after the
-        prompt: its tokens shifted by one, that token last, with the prompt's features)."""
+        prompt: its tokens shifted by one, that token last, with the prompt's features).
+        Rows the prompt shares with an earlier request come from the prefix cache; the target
+        runs from the first row not restored."""
         target, dev = self.e.target, self.e.target.device
         n = len(self.prompt)
-        ids = torch.tensor(self.prompt, device=dev)  # [n]
-        out = target(ids[None], torch.arange(n, device=dev)[None], self.e.cache, 0,
-                     causal_mask(n, 0, dev), self.aux_ids, last_only=True)
+        hit = self.e.prefix_cache.lookup(self.prompt, self.head)
+        r = hit.rows if hit else 0
+        if hit:
+            self.e.prefix_cache.restore(hit, self.cache, self.draft_cache)
+        self.stats.reused_tokens = r
+        ids = torch.tensor(self.prompt[r:], device=dev)  # [n - r]
+        out = target(ids[None], torch.arange(r, n, device=dev)[None], self.cache, r,
+                     causal_mask(n - r, r, dev), self.aux_ids, last_only=True)
         root = next_token(out.logits[0, -1:], self.params, self.generator)  # [1]
-        return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), self._features(out)[0], 0)
+        return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), self._features(out)[0], r)
+
+    def after_prefill(self, root: int) -> tuple[list[TokenSpan], str | None]:
+        spans, finished = self._emit([root], ["target"], [0])
+        self.stats.prefill_s = time.perf_counter() - self.t_start
+        if self.draft_model is not None and self.tree.context_drafts:  # after the prefill's time
+            self.context = ContextIndex(self.prompt + [root])
+        return spans, finished
+
+    def context_full(self, seq_len: int) -> bool:
+        """Whether the next step would write past the context window."""
+        width = self.tree.num_draft_tokens if self.draft_model else 1
+        return seq_len + width + (1 if self.draft_model else 0) > self.e.config.max_len
+
+    def keep_prefix(self) -> None:
+        """Leave this request's committed rows in the prefix cache (after a clean end)."""
+        rows = len(self.tokens) - 1  # the last token produced is in no cache yet
+        self.e.prefix_cache.store(self.tokens[:rows], self.cache, self.head, self.draft_cache,
+                                  self.draft_rows)
 
     def loop(self) -> Iterator[StepEvent]:
-        root, ext = self._prefill()
-        first = int(root)
-        spans, finished = self._emit([first], ["target"], [0])
-        self.stats.prefill_s = time.perf_counter() - self.t_start
+        """The request alone: yields its events, then keeps its prefix. A generator closed
+        early keeps nothing: its close may run on another thread while the engine's cache
+        already holds the next request (the scheduler, which owns each request's caches, keeps
+        a stopped request's prefix)."""
+        yield from self._loop()
+        self.keep_prefix()
+
+    def _loop(self) -> Iterator[StepEvent]:
+        root, ext = self.prefill()
+        spans, finished = self.after_prefill(int(root))
         if self.draft_model is None:
             yield from self._baseline(root, spans, finished)
             return
-        if self.tree.context_drafts:  # built in the run's time, after the prefill's
-            self.context = ContextIndex(self.prompt + [first])
         state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
-        yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
+        self.draft_rows = state.seq_len
+        yield self.event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         while not finished:
-            if state.seq_len + self.tree.num_draft_tokens + 1 > self.e.config.max_len:
-                yield self._event([], "context", {})
+            if self.context_full(state.seq_len):
+                yield self.event([], "context", {})
                 return
             state, ev = self._iteration(state)
             finished = ev.finished
             yield ev
 
-    def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
-        t0 = time.perf_counter()
-        ctx = self.context.propose(self.tree.num_draft_tokens - 1) if self.context else None
-        drafted = self.phases.draft(self.draft_model, state, self.draft_cache, self.tree)
-        if ctx:
-            drafted = merge_context(drafted, ctx, self.tree)
-        vin = build_tree(drafted, state.root, state.seq_len, self.tree)
-        t1 = time.perf_counter()
-        tl = self.phases.run_target(self.e.target, vin, self.e.cache, self.aux_ids)
+    def accept(self, vin: EagleVerifyInput, tl: TreeLogits) -> EagleVerifyOutput:
+        """Acceptance on the device and the KV commit of the accepted path."""
         if self.params.greedy:
             vout = greedy_acceptance(vin, tl.logits)
         else:
             vout = sampled_acceptance(vin, tl.logits, self.params, self.generator)
-        commit(vin, vout, self.e.cache)
-        got = read_back(vin, vout, self.trace)  # the one host sync: waits for the device
-        t2 = time.perf_counter()
+        commit(vin, vout, self.cache)
+        return vout
+
+    def after_readback(self, got: VerifyReadback, vin: EagleVerifyInput,
+                       vout: EagleVerifyOutput, tl: TreeLogits
+                       ) -> tuple[list[TokenSpan], str | None, EagleDraftExtendInput | None]:
+        """Stats and stop rules for an iteration's read-back -> (spans, finish reason, the draft
+        extend's input, None when finished)."""
         n_acc = got.num_accepted
         if self.context is not None:
             self.context.extend(got.emitted)
@@ -318,17 +363,49 @@ class _Run:
         spans, finished = self._emit(got.emitted, kinds + ["bonus"],
                                      list(range(1, n_acc + 1)) + [0],
                                      [s.label for s in sources] + [""])
+        ext = None if finished else extend_input(vin, vout, n_acc, tl.features)
+        return spans, finished, ext
+
+    def after_decode(self, token: int) -> tuple[list[TokenSpan], str | None]:
+        """Stats and stop rules for a plain decode step's token."""
+        self.stats.num_steps += 1
+        self.stats.step_tokens += 1
+        return self._emit([token], ["target"], [0])
+
+    def iteration_event(self, got: VerifyReadback, spans: list[TokenSpan],
+                        finished: str | None, timings: dict[str, float],
+                        **extra) -> StepEvent:
+        detail = {"rejected": self._rejected(got), "tree": self._tree_nodes(got)
+                  } if self.trace else {}
+        return self.event(spans, finished, timings, **detail, **extra)
+
+    def tree_input(self, drafted: DraftTree, state: EagleDraftInput) -> EagleVerifyInput:
+        """The head's candidates, with the context's chain merged in when there is one, as the
+        tree to verify."""
+        ctx = self.context.propose(self.tree.num_draft_tokens - 1) if self.context else None
+        if ctx:
+            drafted = merge_context(drafted, ctx, self.tree)
+        return build_tree(drafted, state.root, state.seq_len, self.tree)
+
+    def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
+        t0 = time.perf_counter()
+        drafted = self.phases.draft(self.draft_model, state, self.draft_cache, self.tree)
+        vin = self.tree_input(drafted, state)
+        t1 = time.perf_counter()
+        tl = self.phases.run_target(self.e.target, vin, self.cache, self.aux_ids)
+        vout = self.accept(vin, tl)
+        got = read_back(vin, vout, self.trace)  # the one host sync: waits for the device
+        t2 = time.perf_counter()
+        spans, finished, ext = self.after_readback(got, vin, vout, tl)
         new_state = state
-        if not finished:
-            new_state = self.phases.extend(self.draft_model,
-                                           extend_input(vin, vout, n_acc, tl.features),
-                                           self.draft_cache, self.tree.topk)
+        if ext is not None:
+            new_state = self.phases.extend(self.draft_model, ext, self.draft_cache,
+                                           self.tree.topk)
+            self.draft_rows = new_state.seq_len
         t3 = time.perf_counter()
         timings = {"draft": (t1 - t0) * 1000, "verify": (t2 - t1) * 1000,
                    "extend": (t3 - t2) * 1000}
-        detail = {"rejected": self._rejected(got), "tree": self._tree_nodes(got)
-                  } if self.trace else {}
-        return new_state, self._event(spans, finished, timings, **detail)
+        return new_state, self.iteration_event(got, spans, finished, timings)
 
     def _token_text(self, tok: int) -> str:
         return self.e.tokenizer.decode([tok])
@@ -356,17 +433,15 @@ class _Run:
                   ) -> Iterator[StepEvent]:
         """root [1]: the prefill's token, on the device. One host read per token: its id."""
         target = self.e.target
-        yield self._event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
+        yield self.event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         seq, tok = len(self.prompt), root
         while not finished:
-            if seq + 1 > self.e.config.max_len:
-                yield self._event([], "context", {})
+            if self.context_full(seq):
+                yield self.event([], "context", {})
                 return
             t0 = time.perf_counter()
-            logits = self.phases.decode(target, tok, seq, self.e.cache)  # [1, V]
+            logits = self.phases.decode(target, tok, seq, self.cache)  # [1, V]
             tok = next_token(logits, self.params, self.generator)  # [1]
             seq += 1
-            self.stats.num_steps += 1
-            self.stats.step_tokens += 1
-            spans, finished = self._emit([int(tok)], ["target"], [0])
-            yield self._event(spans, finished, {"decode": (time.perf_counter() - t0) * 1000})
+            spans, finished = self.after_decode(int(tok))
+            yield self.event(spans, finished, {"decode": (time.perf_counter() - t0) * 1000})

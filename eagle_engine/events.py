@@ -37,6 +37,7 @@ class RunStats:
     context_tokens: int = 0  # accepted drafts that only the context proposed
     elapsed_s: float = 0.0  # the engine's time on the request (not the caller's between events)
     prefill_s: float = 0.0
+    reused_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
     phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode
 
     @property
@@ -69,6 +70,7 @@ class StepEvent:
     timings_ms: dict[str, float] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)  # RunStats.to_dict() after this step
     finished: str | None = None  # "eos" | "length" | "stop" | "context" when this is the last
+    batch: int = 1  # requests that shared this engine step (the scheduler's batch; 1 alone)
 
     def to_dict(self) -> dict:
         return asdict(self)

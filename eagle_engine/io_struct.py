@@ -11,7 +11,8 @@ the exception that proves it: host data proposed from tokens the host already ho
 into the tree without reading anything back. The widths of
 hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every buffer that
 holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
-Not here: any computation. Shapes are for one request (the engine decodes one stream at a time).
+Not here: any computation. Shapes are for one request: the scheduler keeps one of each per
+request and batches only the forwards (`batch_phases.py`).
 """
 from __future__ import annotations
 

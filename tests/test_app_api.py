@@ -365,26 +365,27 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
         "hello", ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, "fp16"))
 
 
-def test_frames_are_paced_but_every_event_is_drawn() -> None:
+@pytest.mark.parametrize("batch", [1, 3])
+def test_frames_are_paced_but_every_event_is_drawn(batch: int) -> None:
     """Events ~20 ms apart with a 100 ms frame interval: the first event gets a frame at once,
-    later frames come at least the interval apart, and every event reaches the view (the
-    caller's final frame draws the rest)."""
+    later frames come at least the interval apart (times the requests that shared the step),
+    and every event reaches the view (the caller's final frame draws the rest)."""
     import app
 
-    def events() -> Iterator[int]:
+    def events() -> Iterator[StepEvent]:
         for i in range(30):
             time.sleep(0.02)
-            yield i
+            yield StepEvent(i, "ar", [], "", batch=batch)
 
-    added: list[int] = []
+    added: list[StepEvent] = []
     t0, shown, times = time.perf_counter(), [], []
-    for ev in app.paced(events(), added.append, interval=0.1):  # type: ignore[arg-type]
-        shown.append(ev)
+    for ev in app.paced(events(), added.append, interval=0.1):
+        shown.append(ev.step)
         times.append(time.perf_counter())
     total = time.perf_counter() - t0
-    assert added == list(range(30))
-    assert shown[0] == 0 and 2 <= len(shown) <= total / 0.1 + 1, (shown, total)
-    assert all(b - a >= 0.1 for a, b in zip(times, times[1:])), times
+    assert [ev.step for ev in added] == list(range(30))
+    assert shown[0] == 0 and 2 <= len(shown) <= total / (0.1 * batch) + 1, (shown, total)
+    assert all(b - a >= 0.1 * batch for a, b in zip(times, times[1:])), times
 
 
 def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[StepEvent]) -> None:

@@ -280,28 +280,58 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
     }
 }
 
-// q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches [kv_heads, max_len, hd].
-// The query rows that share a kv head (its g heads x T tokens) go in tasks of up to 8, which
-// pass over the keys and values in chunks of 64 that stay in L1 for all of them. A row's scores
-// run over the cache rows up to its last visible one (the bias is -inf past it); masked keys
-// weigh exactly 0. So a row's numbers do not depend on the other rows of the call, and a tree
-// row equals the same token decoded alone after its path.
-void attention(const float* q, int64_t qs, const float* kc, const float* vc, const float* bias,
-               float* out, const Dims& d) {
-  constexpr int64_t kMaxRows = 8, kChunk = 64;
-  const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
+// One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
+// [kv_heads, max_len, hd]. The query rows that share a kv head (its g heads x T tokens) go in
+// tasks of up to 8, which pass over the keys and values in chunks of 64 that stay in L1 for all
+// of them. A row's scores run over the cache rows up to its last visible one (the bias is -inf
+// past it); masked keys weigh exactly 0. So a row's numbers do not depend on the other rows of
+// the call, and a tree row equals the same token decoded alone after its path.
+struct AttnSeq {
+  const float* q;
+  int64_t qs;
+  const float* kc;
+  const float* vc;
+  const float* bias;
+  float* out;
+  Dims d;
+  int64_t kRows, tasks;  // rows per task, tasks per kv head
+};
+
+constexpr int64_t kMaxRows = 8, kChunk = 64;
+
+AttnSeq attn_seq(const float* q, int64_t qs, const float* kc, const float* vc,
+                 const float* bias, float* out, const Dims& d) {
+  const int64_t rows = d.heads / d.kv_heads * d.T;
   // about 4 tasks a thread, so that no thread waits long for the last one
   const int64_t kRows = std::clamp<int64_t>(d.heads * d.T / (4 * at::get_num_threads()), 1, kMaxRows);
-  const int64_t tasks = (rows + kRows - 1) / kRows;
-  const float scale = 1.f / std::sqrt(float(d.hd));
-  at::parallel_for(0, d.kv_heads * tasks, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(kRows * d.S);
+  return {q, qs, kc, vc, bias, out, d, kRows, (rows + kRows - 1) / kRows};
+}
+
+// Every sequence's tasks in one parallel region (one wait for the threads, not one per sequence).
+void attention(const std::vector<AttnSeq>& seqs) {
+  std::vector<int64_t> first{0};  // first work item of each sequence
+  int64_t longest_s = 0;
+  for (const auto& a : seqs) {
+    first.push_back(first.back() + a.d.kv_heads * a.tasks);
+    longest_s = std::max(longest_s, a.d.S);
+  }
+  at::parallel_for(0, first.back(), 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(kMaxRows * longest_s);
     const float* qr[kMaxRows];
     const float* br[kMaxRows];
     float* orow[kMaxRows];
     int64_t end[kMaxRows];
     float total[kMaxRows];
-    for (int64_t i = i0; i < i1; ++i) {
+    size_t n = 0;
+    for (int64_t item = i0; item < i1; ++item) {
+      while (item >= first[n + 1]) ++n;
+      const AttnSeq& a = seqs[n];
+      const Dims& d = a.d;
+      const float *q = a.q, *kc = a.kc, *vc = a.vc, *bias = a.bias;
+      const int64_t qs = a.qs, kRows = a.kRows, tasks = a.tasks, i = item - first[n];
+      float* out = a.out;
+      const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
+      const float scale = 1.f / std::sqrt(float(d.hd));
       const int64_t j = i / tasks, r0 = (i % tasks) * kRows, nr = std::min(kRows, rows - r0);
       const float* kh = kc + j * d.max_len * d.hd;
       const float* vh = vc + j * d.max_len * d.hd;
@@ -423,37 +453,61 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
   return q8_matmul(x, codes, scales, N);
 }
 
-// A layer stack for one sequence (see `attention` above): the target's decoder layers (q4
-// codes, `embeds` empty) or an EAGLE-3 head's layers (q8 codes; its first layer reads
-// cat(norm(embeds), norm(h)), 2H wide). weights, per layer in order: input norm, [the first
-// head layer: hidden norm,] qkv codes, qkv scales, o codes, o scales, post-attention norm,
-// gate_up codes, gate_up scales, down codes, down scales. Returns [h after the last layer
-// [T, H], aux [T, len(aux_ids) * H]: the inputs of the layers `aux_ids` (ascending)].
+// A layer stack over the rows of one or more sequences (see `attention` above): the target's
+// decoder layers (q4 codes, `embeds` empty) or an EAGLE-3 head's layers (q8 codes; its first
+// layer reads cat(norm(embeds), norm(h)), 2H wide). h holds the sequences' rows one after the
+// other: sequence i has lens[i] rows, written to its own cache kvs[i] from row starts[i] and
+// attending under biases[i] ([lens[i], starts[i] + lens[i]], or empty: every row visible).
+// Every step but attention is row by row, and attention runs per sequence, so a sequence's
+// numbers are the same whether it runs alone or with others (the scheduler's batched steps).
+// weights, per layer in order: input norm, [the first head layer: hidden norm,] qkv codes, qkv
+// scales, o codes, o scales, post-attention norm, gate_up codes, gate_up scales, down codes,
+// down scales. Returns [h after the last layer [R, H], aux [R, len(aux_ids) * H]: the inputs
+// of the layers `aux_ids` (ascending)].
 std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, torch::Tensor cos,
-                                         torch::Tensor sin, torch::Tensor kv, int64_t start,
-                                         torch::Tensor bias, std::vector<torch::Tensor> weights,
+                                         torch::Tensor sin, std::vector<torch::Tensor> kvs,
+                                         std::vector<int64_t> starts, std::vector<int64_t> lens,
+                                         std::vector<torch::Tensor> biases,
+                                         std::vector<torch::Tensor> weights,
                                          int64_t heads, int64_t kv_heads, double eps,
                                          std::vector<int64_t> aux_ids, bool q8) {
-  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [T, H] float32");
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [R, H] float32");
+  const size_t n_seq = kvs.size();
+  TORCH_CHECK(n_seq > 0 && starts.size() == n_seq && lens.size() == n_seq && biases.size() == n_seq,
+              "one cache, start, length and bias per sequence");
   const bool draft = embeds.numel() > 0;
   const int64_t per_layer = 10, first = draft ? 11 : 10;
   TORCH_CHECK(weights.size() >= size_t(first) && (weights.size() - first) % per_layer == 0,
               "10 weight tensors per layer (11 for a head's first layer), got ", weights.size());
   h = h.contiguous().clone();
   const int64_t layers = 1 + (weights.size() - first) / per_layer;
-  const int64_t T = h.size(0), H = h.size(1), hd = kv.size(3);
-  TORCH_CHECK(kv.is_contiguous() && kv.size(0) == 2 * layers && kv.size(1) == kv_heads,
-              "kv must be contiguous [2 * layers, kv_heads, max_len, head_dim]");
+  const int64_t T = h.size(0), H = h.size(1), hd = kvs[0].size(3);
+  const int64_t inter = weights[first - 4].size(0) * 8 / 2;
   TORCH_CHECK(hd % 8 == 0 && hd <= 128, "head_dim ", hd, " unsupported");
-  Dims d{T, heads, kv_heads, hd, weights[first - 4].size(0) * 8 / 2, start + T, kv.size(2)};
-  TORCH_CHECK(d.S <= d.max_len, "rows past the cache");
-  TORCH_CHECK(d.inter % 8 == 0, "intermediate size unsupported");
-  const float* b = nullptr;
-  if (bias.numel()) {
-    TORCH_CHECK(bias.is_contiguous() && bias.size(0) == T && bias.size(1) == d.S,
-                "bias must be [T, start + T]");
-    b = bias.data_ptr<float>();
+  TORCH_CHECK(inter % 8 == 0, "intermediate size unsupported");
+  std::vector<Dims> dims;
+  std::vector<int64_t> offsets;
+  std::vector<const float*> bias_ptrs;
+  int64_t rows = 0;
+  for (size_t i = 0; i < n_seq; ++i) {
+    const auto& kv = kvs[i];
+    TORCH_CHECK(kv.is_contiguous() && kv.size(0) == 2 * layers && kv.size(1) == kv_heads &&
+                    kv.size(3) == hd,
+                "kv must be contiguous [2 * layers, kv_heads, max_len, head_dim]");
+    Dims d{lens[i], heads, kv_heads, hd, inter, starts[i] + lens[i], kv.size(2)};
+    TORCH_CHECK(d.T > 0 && d.S <= d.max_len, "rows past the cache");
+    const float* b = nullptr;
+    if (biases[i].numel()) {
+      TORCH_CHECK(biases[i].is_contiguous() && biases[i].size(0) == d.T && biases[i].size(1) == d.S,
+                  "bias must be [T, start + T]");
+      b = biases[i].data_ptr<float>();
+    }
+    dims.push_back(d);
+    offsets.push_back(rows);
+    bias_ptrs.push_back(b);
+    rows += d.T;
   }
+  TORCH_CHECK(rows == T, "the sequences' lengths add up to ", rows, ", h has ", T, " rows");
   // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups
   auto mm = [q8](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& s) {
     const int64_t N = codes.size(0) * 8;
@@ -463,7 +517,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   auto aux = torch::empty({T, int64_t(aux_ids.size()) * H}, h.options());
   auto xn = torch::empty({T, H}, h.options());
   auto attn = torch::empty({T, heads * hd}, h.options());
-  auto act = torch::empty({T, d.inter}, h.options());
+  auto act = torch::empty({T, inter}, h.options());
   float* hp = h.data_ptr<float>();
   auto capture = [&](int64_t layer) {
     for (size_t a = 0; a < aux_ids.size(); ++a)
@@ -488,19 +542,27 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     auto qkv = mm(x, w[1], w[2]);  // [T, qkv_w]
     float* qp = qkv.data_ptr<float>();
     rope(qp, cos.data_ptr<float>(), sin.data_ptr<float>(), T, qkv_w, heads + kv_heads, hd);
-    float* kc = kv.data_ptr<float>() + (2 * l) * kv_heads * d.max_len * hd;
-    float* vc = kc + kv_heads * d.max_len * hd;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < kv_heads; ++j) {
-        std::memcpy(kc + (j * d.max_len + start + t) * hd, qp + t * qkv_w + (heads + j) * hd, hd * 4);
-        std::memcpy(vc + (j * d.max_len + start + t) * hd,
-                    qp + t * qkv_w + (heads + kv_heads + j) * hd, hd * 4);
-      }
-    attention(qp, qkv_w, kc, vc, b, attn.data_ptr<float>(), d);
+    std::vector<AttnSeq> parts;
+    for (size_t i = 0; i < n_seq; ++i) {  // each sequence: its own cache rows and attention
+      const Dims& d = dims[i];
+      const float* qs = qp + offsets[i] * qkv_w;
+      float* kc = kvs[i].data_ptr<float>() + (2 * l) * kv_heads * d.max_len * hd;
+      float* vc = kc + kv_heads * d.max_len * hd;
+      const int64_t start = starts[i];
+      for (int64_t t = 0; t < d.T; ++t)
+        for (int64_t j = 0; j < kv_heads; ++j) {
+          std::memcpy(kc + (j * d.max_len + start + t) * hd, qs + t * qkv_w + (heads + j) * hd, hd * 4);
+          std::memcpy(vc + (j * d.max_len + start + t) * hd,
+                      qs + t * qkv_w + (heads + kv_heads + j) * hd, hd * 4);
+        }
+      parts.push_back(attn_seq(qs, qkv_w, kc, vc, bias_ptrs[i],
+                               attn.data_ptr<float>() + offsets[i] * heads * hd, d));
+    }
+    attention(parts);
     h.add_(mm(attn, w[3], w[4]));
     rms_norm(hp, w[5].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
     auto gu = mm(xn, w[6], w[7]);
-    silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, d.inter);
+    silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, inter);
     h.add_(mm(act, w[8], w[9]));
     w += per_layer;
   }
@@ -511,5 +573,5 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
   m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
-  m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers for one sequence");
+  m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers over the rows of one or more sequences");
 }

@@ -169,12 +169,25 @@ class FusedDecoder:
         [1, T, start+T] bool or None (every row visible); embeds [1, T, H] for a head ->
         (h [1, T, H] after the last layer, aux [1, T, n*H] or None: the inputs of
         `aux_layer_ids`, ascending)."""
-        bias = torch.empty(0)
-        if mask is not None:
-            bias = torch.zeros(mask.shape[1:]).masked_fill_(~mask[0], float("-inf"))  # [T, S]
+        out, aux = self.many(h[0], cos, sin, [kv], [start], [h.shape[1]],
+                             [None if mask is None else mask[0]], aux_layer_ids,
+                             None if embeds is None else embeds[0])
+        return out[None], (None if aux is None else aux[None])
+
+    def many(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             kvs: list[torch.Tensor], starts: list[int], lens: list[int],
+             masks: list[torch.Tensor | None], aux_layer_ids: tuple[int, ...] = (),
+             embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Several sequences in one call: h [R, H] their rows one after the other (R =
+        sum(lens)); cos/sin [R, head_dim]; kvs[i] the `KVCache.data` of sequence i's one-row
+        cache, written from starts[i]; masks[i] [lens[i], starts[i]+lens[i]] bool or None
+        (every row visible); embeds [R, H] for a head -> (h [R, H], aux [R, n*H] or None).
+        Each sequence gets the bits it gets alone (the kernel runs attention per sequence)."""
+        biases = [torch.empty(0) if m is None else
+                  torch.zeros(m.shape).masked_fill_(~m, float("-inf")) for m in masks]  # [T, S]
         ids = sorted(set(aux_layer_ids))
-        e = torch.empty(0) if embeds is None else embeds[0]
-        out, aux = cpu_lowbit.load().fused_decoder(h[0], e, cos, sin, kv, start, bias,
+        e = torch.empty(0) if embeds is None else embeds
+        out, aux = cpu_lowbit.load().fused_decoder(h, e, cos, sin, kvs, starts, lens, biases,
                                                    self.weights, self.heads, self.kv_heads,
                                                    self.eps, ids, self.q8)
-        return out[None], (aux[None] if ids else None)
+        return out, (aux if ids else None)

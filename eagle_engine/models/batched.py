@@ -1,0 +1,93 @@
+"""Forwards over the rows of several requests at once: the scheduler's batched phases.
+
+Each request brings its own rows (`SeqRows`): token ids, positions, its own one-row KV cache,
+the first cache row it writes and its mask over that cache. With fused low-bit layers
+(`cpu_lowbit.FusedDecoder`, the q4 target and q8 heads on CPU) all rows go through one C++
+call, so every linear reads its weights once for all requests, while attention runs per request
+over its own cache (the block-diagonal mask, never materialized); the final norm and lm_head run
+over all rows, row by row. A request therefore gets the same bits as alone (tested in
+`tests/test_scheduler.py`). Without fused layers (dense weights, a GPU) each request runs its
+own forward in turn: the same numbers as alone, without the batching gain.
+Not here: which requests run together or the phases' logic (`scheduler.py`, `batch_phases.py`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from ..kv_cache import KVCache
+from .draft_model import Eagle3Draft
+from .target import TargetModel, TargetOutput
+
+
+@dataclass(slots=True)
+class SeqRows:
+    """One request's rows in a batched forward."""
+
+    ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64 RoPE positions
+    cache: KVCache  # the request's own one-row cache
+    start: int  # first cache row written
+    mask: torch.Tensor | None  # [T, start+T] bool (True = visible); None: every row visible
+    hidden: torch.Tensor | None = None  # [T, W] a draft's input (target features or recycled)
+
+
+def _lens(seqs: list[SeqRows]) -> list[int]:
+    return [s.ids.numel() for s in seqs]
+
+
+def _last_rows(h: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """h [R, W], the sequences' rows one after the other -> [n, W] each sequence's last row
+    (slices: no index tensor is uploaded)."""
+    ends = itertools.accumulate(lens)
+    return torch.cat([h[end - 1:end] for end in ends])
+
+
+def target_forward(target: TargetModel, seqs: list[SeqRows], aux_layer_ids: tuple[int, ...],
+                   last_only: bool = False) -> list[TargetOutput]:
+    """Each sequence's `TargetModel.forward` output ([1, T, ...] tensors; logits [1, 1, V] with
+    `last_only`), computed together when the target's layers are fused."""
+    if target.fused is None:
+        return [target(s.ids[None], s.positions[None], s.cache, s.start,
+                       None if s.mask is None else s.mask[None], aux_layer_ids, last_only)
+                for s in seqs]
+    lens = _lens(seqs)
+    h = target.embed_tokens(torch.cat([s.ids for s in seqs]))  # [R, H]
+    rope = target.rope.table(torch.cat([s.positions for s in seqs])[None], h.dtype)
+    h, aux = target.fused.many(h, rope.cos[0, 0], rope.sin[0, 0], [s.cache.data for s in seqs],
+                               [s.start for s in seqs], lens, [s.mask for s in seqs],
+                               aux_layer_ids)  # [R, H], [R, A] or None
+    h = target.norm(h)
+    rows = _last_rows(h, lens) if last_only else h  # [n or R, H]
+    logits = target.lm_head(rows).float()
+    logits = logits.split(1) if last_only else logits.split(lens)
+    auxs = aux.split(lens) if aux is not None else [None] * len(seqs)
+    return [TargetOutput(lg[None], None if a is None else a[None], f[None])
+            for lg, a, f in zip(logits, auxs, h.split(lens))]
+
+
+def draft_forward(model: Eagle3Draft, seqs: list[SeqRows], from_target: bool,
+                  last_only: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sequence's `Eagle3Draft.forward` output (logits [1, T|1, Vd], hidden [1, T, Hd]),
+    computed together when the head's layers are fused."""
+    if model.fused is None:
+        return [model(s.ids[None], s.hidden[None], s.positions[None], s.cache, s.start,
+                      None if s.mask is None else s.mask[None], from_target, last_only)
+                for s in seqs]
+    lens = _lens(seqs)
+    hidden = torch.cat([s.hidden for s in seqs])  # [R, W]
+    h = model.project(hidden) if from_target else hidden  # [R, Hd]
+    embeds = model.embed_tokens(torch.cat([s.ids for s in seqs])).to(h.dtype)
+    rope = model.rope.table(torch.cat([s.positions for s in seqs])[None], h.dtype)
+    h, _ = model.fused.many(h, rope.cos[0, 0], rope.sin[0, 0], [s.cache.data for s in seqs],
+                            [s.start for s in seqs], lens, [s.mask for s in seqs],
+                            embeds=embeds)  # [R, Hd]
+    if model.cfg.norm_output:
+        h = model.norm(h)
+        logits = model.lm_head(_last_rows(h, lens) if last_only else h).float()
+    else:
+        logits = model.lm_head(model.norm(_last_rows(h, lens) if last_only else h)).float()
+    logits = logits.split(1) if last_only else logits.split(lens)
+    return [(lg[None], hh[None]) for lg, hh in zip(logits, h.split(lens))]

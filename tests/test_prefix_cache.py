@@ -1,0 +1,173 @@
+"""Issue 26, part 2: KV reuse across chat turns (`prefix_cache.py`).
+
+A request restores the rows its prompt shares with an earlier request and prefills the rest.
+With q4 weights both caches after that prefill equal a fresh prefill bit for bit, and so does
+every answer of a conversation with reuse; dense fp32 agrees up to rounding. The cache stays
+within its byte bound, evicting the least recently used entry, and never hands a head's draft
+rows to another head.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_engine.accept import extend
+from eagle_engine.config import SamplingParams, TreeParams
+from eagle_engine.engine import EagleEngine, Run
+from eagle_engine.prefix_cache import PrefixCache, PrefixEntry, reusable_rows
+from tests.helpers import tiny_engine
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+# head-only trees: the exact reuse counts below hold for them (with drafts from the context the
+# answers still equal: `test_answers_with_reuse_and_context_drafts_equal_answers_without`)
+TREE = TreeParams(2, 3, 6, context_drafts=False)
+GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
+Q4 = {"weights": "q4", "hidden_size": 64, "intermediate_size": 96, "weight_scale": 1.0}
+HEAD = {"head": {"intermediate_size": 64}, "other": {"intermediate_size": 64, "seed": 5}}
+
+
+def user_turn(seed: int, n: int = 9) -> list[int]:
+    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(scope="module", params=["q4", "fp32"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> EagleEngine:
+    kw = Q4 if request.param == "q4" else {"weight_scale": 1.0}
+    return tiny_engine(tmp_path_factory.mktemp(f"prefix_{request.param}"), HEAD, max_len=512,
+                       **kw)
+
+
+def conversation(engine: EagleEngine, head: str | None, turns: int, mb: int,
+                 tree: TreeParams = TREE) -> tuple[list[list[int]], list[int]]:
+    """A chat of `turns` turns: each prompt is the previous prompt, its answer and a new user
+    turn. -> (answers, tokens reused per turn)."""
+    engine.prefix_cache = PrefixCache(mb * 2 ** 20)
+    prompt, answers, reused = [1], [], []
+    for t in range(turns):
+        prompt = prompt + user_turn(t)
+        result = engine.generate(prompt, GREEDY, tree, head)
+        answers.append(result.token_ids)
+        reused.append(result.stats.reused_tokens)
+        prompt = prompt + result.token_ids
+    return answers, reused
+
+
+@pytest.mark.parametrize("head", ["head", None], ids=["eagle", "baseline"])
+def test_answers_with_reuse_equal_answers_without(engine: EagleEngine, head: str | None
+                                                  ) -> None:
+    without, none_reused = conversation(engine, head, 4, 0)
+    with_reuse, reused = conversation(engine, head, 4, 64)
+    assert with_reuse == without
+    assert none_reused == [0] * 4
+    # every later turn reuses all of the previous prompt and answer but the last token
+    # (EAGLE-3: and the one before it, whose target features the draft extend needs)
+    assert reused[0] == 0 and all(r > 0 for r in reused[1:])
+    for t in range(1, 4):
+        previous = 1 + sum(9 + len(a) for a in without[:t])
+        assert reused[t] == previous - (2 if head else 1)
+
+
+def test_answers_with_reuse_and_context_drafts_equal_answers_without(engine: EagleEngine
+                                                                     ) -> None:
+    tree = TreeParams(2, 3, 6, context_drafts=True)
+    without, _ = conversation(engine, "head", 4, 0, tree)
+    with_reuse, reused = conversation(engine, "head", 4, 64, tree)
+    assert with_reuse == without
+    assert reused[0] == 0 and all(r > 0 for r in reused[1:])
+
+
+def test_caches_after_a_reused_prefill_equal_a_fresh_prefill(engine: EagleEngine) -> None:
+    """Both caches' rows, the first token and the draft's first top-k: a prefill that restores
+    rows against one that computes them all (q4: bit for bit)."""
+    first = [1] + user_turn(0, 20)
+    engine.prefix_cache = PrefixCache(64 * 2 ** 20)
+    engine.generate(first, GREEDY, TREE, "head")  # leaves its rows behind
+    prompt = first + engine.generate(first, GREEDY, TREE, "head").token_ids + user_turn(1)
+    runs = []
+    for reuse in (True, False):
+        cache = engine.target.new_cache(max_len=256)
+        if not reuse:
+            engine.prefix_cache = PrefixCache(0)
+        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache)
+        root, ext = run.prefill()
+        state = extend(run.draft_model, ext, run.draft_cache, TREE.topk)
+        runs.append((run, root, state))
+    (a, root_a, state_a), (b, root_b, state_b) = runs
+    n = len(prompt)
+    assert a.stats.reused_tokens > len(first) and b.stats.reused_tokens == 0
+    assert root_a.tolist() == root_b.tolist() and state_a.seq_len == state_b.seq_len == n
+    q4 = engine.config.weights == "q4"
+    close = (lambda x, y: torch.equal(x, y)) if q4 else (
+        lambda x, y: torch.allclose(x, y, rtol=1e-4, atol=1e-5))
+    assert close(a.cache.data[:, :, :n], b.cache.data[:, :, :n])
+    assert close(a.draft_cache.data[:, :, :n], b.draft_cache.data[:, :, :n])
+    assert close(state_a.hidden, state_b.hidden) and close(state_a.topk_p, state_b.topk_p)
+    assert state_a.topk_ids.tolist() == state_b.topk_ids.tolist()
+
+
+def test_a_head_never_reuses_another_heads_draft_rows(engine: EagleEngine) -> None:
+    prompt = [1] + user_turn(3, 16)
+    engine.prefix_cache = PrefixCache(64 * 2 ** 20)
+    answer = engine.generate(prompt, GREEDY, TREE, "head").token_ids
+    follow = prompt + answer + user_turn(4)
+    other = engine.generate(follow, GREEDY, TREE, "other")
+    assert other.stats.reused_tokens == 0
+    engine.prefix_cache = PrefixCache(0)
+    assert engine.generate(follow, GREEDY, TREE, "other").token_ids == other.token_ids
+
+
+def entry(tokens: list[int], head: str | None = None, draft_rows: int = 0) -> PrefixEntry:
+    draft = torch.zeros(2, 1, draft_rows, 8) if head else None
+    return PrefixEntry(tuple(tokens), torch.zeros(4, 1, len(tokens), 8), head, draft)
+
+
+def test_reusable_rows() -> None:
+    e = entry([1, 2, 3, 4, 5, 6], "h", 5)
+    assert reusable_rows(e, [1, 2, 3, 9, 9], None) == 3  # the common prefix
+    assert reusable_rows(e, [1, 2, 3, 9, 9], "h") == 2  # and the draft's features before it
+    assert reusable_rows(e, [1, 2, 3, 4, 5, 6], None) == 5  # the last token is prefilled
+    assert reusable_rows(e, [1, 2, 3, 4, 5, 6, 7, 8], "h") == 5  # the draft's rows
+    assert reusable_rows(e, [1, 2, 3, 9], "other") == 0
+    assert reusable_rows(e, [7, 2, 3], None) == 0
+
+
+def test_lru_eviction_within_the_byte_bound() -> None:
+    per_row = 4 * 1 * 8 * 4  # [4, 1, row, 8] float32
+    cache = PrefixCache(max_bytes=30 * per_row)
+
+    def store(tokens: list[int]) -> None:
+        e = entry(tokens)
+        cache._entries[e.tokens] = e  # as `store` would, without a KVCache
+        while cache.nbytes > cache.max_bytes:
+            cache._entries.popitem(last=False)
+
+    a, b, c = list(range(1, 11)), list(range(20, 30)), list(range(40, 50))
+    store(a)
+    store(b)
+    store(c)
+    assert len(cache) == 3
+    assert cache.lookup(a + [99], None).rows == 10  # `a` becomes the most recently used
+    store(list(range(60, 70)))  # over the bound: the least recently used (`b`) goes
+    assert cache.nbytes <= cache.max_bytes
+    assert cache.lookup(b + [99], None) is None and cache.lookup(a + [99], None) is not None
+
+
+def test_store_copies_rows_supersedes_prefixes_and_respects_the_bound(tmp_path: Path) -> None:
+    engine = tiny_engine(tmp_path, {"head": {}}, max_len=128)
+    cache = engine.target.new_cache(max_len=64)
+    cache.data.normal_()
+    pc = PrefixCache(max_bytes=cache.data[:, :, :40].nbytes)
+    pc.store(list(range(10)), cache, None, None, 0)
+    pc.store(list(range(20)), cache, None, None, 0)  # extends the first: replaces it
+    assert len(pc) == 1 and pc.nbytes == cache.data[:, :, :20].nbytes
+    stored = pc.lookup(list(range(25)), None)
+    assert stored.rows == 20 and torch.equal(stored.entry.target, cache.data[:, :, :20])
+    cache.data.zero_()  # a copy, not a view
+    assert stored.entry.target.abs().sum() > 0
+    pc.store(list(range(100, 150)), cache, None, None, 0)  # larger than the bound: not kept
+    assert len(pc) == 1
+    pc.store(list(range(200, 230)), cache, None, None, 0)  # evicts the older entry
+    assert len(pc) == 1 and pc.lookup(list(range(25)), None) is None

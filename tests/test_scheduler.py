@@ -1,0 +1,218 @@
+"""Issue 26, part 1: the scheduler steps several requests together (`scheduler.py`).
+
+Every request's output equals running it alone: greedy EAGLE-3 (trees of different shapes and
+heads in one batch) and plain decoding side by side, requests joining and leaving as others
+finish, stop on a stop string, are cancelled, or hit the context window; seeded sampling draws
+the same coins. A step makes one host read; a failing step fails only its own requests and the
+scheduler goes on. On the bundled q4 target the batched forwards give the same answers as
+solo runs.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.engine import EagleEngine
+from eagle_engine.events import StepEvent
+from eagle_engine.scheduler import Handle, Scheduler
+from eagle_engine.sync_count import HostSyncs
+from tests.helpers import tiny_engine
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+HEADS = {"aux": {"intermediate_size": 64},
+         "noaux": {"use_aux": False, "seed": 1, "intermediate_size": 64}}
+Q4 = {"weights": "q4", "hidden_size": 64, "intermediate_size": 96}
+TREES = [TreeParams(2, 3, 6), TreeParams(1, 1, 2), TreeParams(3, 2, 7), TreeParams(1, 4, 5)]
+Request = tuple[list[int], SamplingParams, TreeParams, str | None]
+
+
+@pytest.fixture(scope="module", params=["q4", "fp32"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> EagleEngine:
+    kw = Q4 if request.param == "q4" else {}
+    return tiny_engine(tmp_path_factory.mktemp(f"sched_{request.param}"), HEADS, max_len=256,
+                       weight_scale=1.0, **kw)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def mixed_requests(count: int, **params) -> list[Request]:
+    """EAGLE-3 requests with both heads and four tree shapes, and plain requests, with
+    different prompt lengths and answer lengths (so they leave at different steps)."""
+    heads = ["aux", None, "noaux", "aux", "noaux", None]
+    return [(prompt(i, 5 + 3 * i), SamplingParams(**{"max_new_tokens": 8 + 5 * i,
+                                                     "ignore_eos": True, **params}),
+             TREES[i % len(TREES)], heads[i % len(heads)]) for i in range(count)]
+
+
+def solo(engine: EagleEngine, requests: list[Request]) -> list[list[int]]:
+    return [engine.generate(*r).token_ids for r in requests]
+
+
+def tokens(events: list[StepEvent]) -> list[int]:
+    return [t.token_id for ev in events for t in ev.tokens]
+
+
+def run_all(engine: EagleEngine, requests: list[Request], max_batch: int
+            ) -> tuple[list[list[StepEvent]], Scheduler]:
+    scheduler = Scheduler(engine, max_batch=max_batch)
+    handles = [scheduler.submit(*r) for r in requests]
+    scheduler.run_until_idle()
+    return [list(h.events()) for h in handles], scheduler
+
+
+@pytest.mark.parametrize("max_batch", [1, 3, 8])
+def test_greedy_batched_equals_solo(engine: EagleEngine, max_batch: int) -> None:
+    """Six requests (four tree shapes, two heads, plain decoding) through batches of 1, 3
+    (requests join as others leave) and 8 (all at once)."""
+    requests = mixed_requests(6)
+    events, scheduler = run_all(engine, requests, max_batch)
+    assert [tokens(e) for e in events] == solo(engine, requests)
+    assert all(e[-1].finished == "length" for e in events)
+    batches = [ev.batch for e in events for ev in e]
+    assert max(batches) == min(max_batch, 6) and min(batches) >= 1
+    if max_batch == 3:  # the later requests joined mid-way, after the first ones left
+        assert max(batches) == 3 and scheduler.steps < sum(len(e) for e in events)
+
+
+def test_sampled_batched_equals_solo_with_the_same_seed(engine: EagleEngine) -> None:
+    """Each request draws its coins from its own generator: the same tokens as alone."""
+    requests = mixed_requests(5, temperature=0.9, top_p=0.95, seed=11)
+    events, _ = run_all(engine, requests, 4)
+    assert [tokens(e) for e in events] == solo(engine, requests)
+
+
+def test_stop_string_mid_batch(engine: EagleEngine) -> None:
+    """A request ends on a stop string inside an accepted run while the rest go on; its text
+    is its solo text."""
+    requests = mixed_requests(5)
+    alone = solo(engine, requests)
+    text = engine.tokenizer.decode(alone[2])
+    stop = text[len(text) // 3:len(text) // 3 + 2]
+    p = requests[2][1]
+    requests[2] = (requests[2][0], SamplingParams(max_new_tokens=p.max_new_tokens,
+                                                  ignore_eos=True, stop=(stop,)),
+                   *requests[2][2:])
+    expected = solo(engine, requests)
+    assert len(expected[2]) < len(alone[2])
+    events, _ = run_all(engine, requests, 4)
+    assert [tokens(e) for e in events] == expected
+    assert events[2][-1].finished == "stop"
+    assert "".join(ev.text for ev in events[2]) == engine.generate(*requests[2]).text
+
+
+def test_cancel_mid_batch(engine: EagleEngine) -> None:
+    """A request cancelled after three steps leaves with a prefix of its solo answer; the
+    others are unchanged."""
+    requests = mixed_requests(4)
+    expected = solo(engine, requests)
+    scheduler = Scheduler(engine, max_batch=4)
+    handles = [scheduler.submit(*r) for r in requests]
+    for _ in range(3):
+        scheduler.step()
+    handles[0].cancel()
+    scheduler.run_until_idle()
+    got = [tokens(list(h.events())) for h in handles]
+    assert got[1:] == expected[1:]
+    assert 0 < len(got[0]) < len(expected[0]) and got[0] == expected[0][:len(got[0])]
+
+
+def test_context_limit_for_one_request_while_the_others_go_on(engine: EagleEngine) -> None:
+    long_prompt = prompt(99, engine.config.max_len - 20)
+    requests = mixed_requests(3) + [(long_prompt, SamplingParams(max_new_tokens=64,
+                                                                 ignore_eos=True),
+                                     TreeParams(2, 3, 6), "aux")]
+    events, _ = run_all(engine, requests, 4)
+    assert [tokens(e) for e in events] == solo(engine, requests)
+    assert events[3][-1].finished == "context"
+    assert [e[-1].finished for e in events[:3]] == ["length"] * 3
+
+
+def test_one_host_read_per_step(engine: EagleEngine) -> None:
+    """Steps that admit nobody make one host sync: the packed read of every request's results
+    (admitting adds the prompt's upload, as a solo prefill does)."""
+    scheduler = Scheduler(engine, max_batch=4)
+    handles = [scheduler.submit(*r) for r in mixed_requests(4)]
+    scheduler.step()  # admits all four
+    counted = 0
+    while scheduler.busy:
+        with HostSyncs() as syncs:
+            scheduler.step()
+        assert syncs.kinds == {"tolist": 1}, syncs.where
+        assert next(iter(syncs.where)).startswith("tolist at scheduler.py:")
+        counted += 1
+    assert counted > 5 and all(list(h.events()) for h in handles)
+
+
+def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagle_engine.scheduler as sched
+
+    scheduler = Scheduler(engine, max_batch=4)
+    requests = mixed_requests(3)
+    handles = [scheduler.submit(*r) for r in requests]
+    scheduler.step()
+    real = sched.target_many
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("injected")
+    monkeypatch.setattr(sched, "target_many", broken)
+    scheduler.step()
+    monkeypatch.setattr(sched, "target_many", real)
+    for h in handles:
+        with pytest.raises(RuntimeError, match="injected"):
+            list(h.events())
+    assert not scheduler.busy
+    events, _ = run_all(engine, requests, 4)  # a fresh batch: the same answers as alone
+    assert [tokens(e) for e in events] == solo(engine, requests)
+    with pytest.raises(ConfigError, match="unknown draft head"):
+        scheduler.submit([1, 2, 3], SamplingParams(), None, "missing")
+
+
+def test_an_executor_steps_requests_submitted_from_threads(engine: EagleEngine) -> None:
+    requests = mixed_requests(4)
+    expected = solo(engine, requests)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        scheduler = Scheduler(engine, max_batch=4, executor=pool)
+        with ThreadPoolExecutor(max_workers=4) as visitors:
+            futures = [visitors.submit(lambda r: tokens(list(scheduler.submit(*r).events())), r)
+                       for r in requests]
+            assert [f.result(timeout=120) for f in futures] == expected
+    assert not scheduler.busy
+
+
+def test_waiting_request_cancelled_before_admission(engine: EagleEngine) -> None:
+    scheduler = Scheduler(engine, max_batch=1)
+    first, second = (scheduler.submit(*r) for r in mixed_requests(2))
+    second.cancel()
+    scheduler.run_until_idle()
+    assert list(second.events()) == [] and list(first.events())
+    assert isinstance(first, Handle)
+
+
+@pytest.mark.slow
+def test_bundled_q4_batched_equals_solo() -> None:
+    """The real target and head: four chat prompts batched, EAGLE-3 and plain decoding, the
+    tokens of their solo runs."""
+    engine = EagleEngine.load(EngineConfig(drafts=("eagle3-aux-1layer",), max_len=512))
+    assert engine.config.weights == "q4"
+    prompts = ["Write a haiku about the sea.", "What is the capital of France?",
+               "Give me three tips for staying productive.", "Name two prime numbers."]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    requests = [(engine.encode(p), params, tree, head) for p, tree, head in zip(
+        prompts, [TreeParams(1, 1, 2), TreeParams(2, 2, 3), None, TreeParams(4, 3, 8)],
+        ["eagle3-aux-1layer", "eagle3-aux-1layer", None, "eagle3-aux-1layer"])]
+    events, _ = run_all(engine, requests, 4)
+    assert [tokens(e) for e in events] == solo(engine, requests)
+
+
+def test_bad_batch_and_cache_sizes_are_named() -> None:
+    with pytest.raises(ConfigError, match="max_batch must be in \\[1, 64\\], got 0"):
+        EngineConfig(max_batch=0)
+    with pytest.raises(ConfigError, match="prefix_cache_mb must be >= 0, got -1"):
+        EngineConfig(prefix_cache_mb=-1)
