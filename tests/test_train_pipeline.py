@@ -267,18 +267,23 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     total = len(whole[0].log)
     assert total > 4
 
+    def assert_resumes_to(whole: list[trainer.Head], run: str) -> None:
+        """Resuming `run` completes the schedule with exactly the uninterrupted weights."""
+        resumed = heads()
+        assert trainer.train(resumed, lengths, make_batch, tmp_path / run, params)
+        assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
+        for a, b in zip(whole, resumed):
+            for (name, p), q in zip(a.model.state_dict().items(),
+                                    b.model.state_dict().values()):
+                assert torch.equal(p, q), name
+
     clock = iter([-1.0] * 3 + [1.0] * 1000)  # the deadline (0) passes after 3 steps
     monkeypatch.setattr(trainer.time, "time", lambda: next(clock))
     cut = heads()
     assert not trainer.train(cut, lengths, make_batch, tmp_path / "cut", params, deadline=0.0)
     assert len(cut[0].log) == 3
     monkeypatch.undo()
-    resumed = heads()
-    assert trainer.train(resumed, lengths, make_batch, tmp_path / "cut", params)
-    assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
-    for a, b in zip(whole, resumed):
-        for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-            assert torch.equal(p, q), name
+    assert_resumes_to(whole, "cut")
     assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads
 
     # stopped before its first step (the deadline passed while generating): a checkpoint and no
@@ -288,12 +293,7 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     assert not trainer.train(early, lengths, make_batch, tmp_path / "early", timed, deadline=0.0)
     assert early[0].log == []
     assert torch.load(tmp_path / "early" / "checkpoint.pt", weights_only=True)["budget_set"] is False
-    resumed = heads()
-    assert trainer.train(resumed, lengths, make_batch, tmp_path / "early", params)
-    assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
-    for a, b in zip(whole, resumed):
-        for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-            assert torch.equal(p, q), name
+    assert_resumes_to(whole, "early")
 
     other = heads()[:1]
     other[0].name = "other"
