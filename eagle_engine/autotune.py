@@ -83,10 +83,9 @@ class Tuned:
     def summary(self, weights: str) -> str:
         """One line for the status bar: why this weight format and tree."""
         m = self.measured[weights]
-        tree = m.best_tree()
         what = "plain "
-        if tree is not None:
-            label = tree_label(tree)
+        if m.tree_tok_s:
+            label = max(m.tree_tok_s, key=m.tree_tok_s.__getitem__)  # best_tree's, as measured
             what = f"tree {label} {m.tree_tok_s[label]:.0f} tok/s vs plain "
         others = ", ".join(f"{w} {self.measured[w].best_tok_s():.0f}" for w in self.order
                            if w != weights)
