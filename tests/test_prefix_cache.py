@@ -20,8 +20,10 @@ from eagle_engine.prefix_cache import PrefixCache, PrefixEntry, reusable_rows
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
-# head-only trees: the exact reuse counts below hold for them (with drafts from the context the
-# answers still equal: `test_answers_with_reuse_and_context_drafts_equal_answers_without`)
+# head-only trees: the exact reuse counts below hold for them. Reuse stops at the draft rows a
+# request wrote (`reusable_rows`), and a finished request skips its last draft extend; with
+# drafts from the context that last iteration can accept a longer chain, so fewer rows are
+# reused (answers still equal: `test_answers_with_reuse_and_context_drafts_equal_answers_without`)
 TREE = TreeParams(2, 3, 6, context_drafts=False)
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 Q4 = {"weights": "q4", "hidden_size": 64, "intermediate_size": 96, "weight_scale": 1.0}
