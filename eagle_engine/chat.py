@@ -17,9 +17,12 @@ def stop_token_ids(config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ..
     return tuple(sorted(eos))
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Messages [{'role', 'content'}] -> prompt ids ending with the assistant header."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool = True
+                ) -> list[int]:
+    """Messages [{'role', 'content'}] -> prompt ids ending with the assistant header (without it:
+    a whole conversation as the template writes it)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
+                                        tokenize=True)
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(t) for t in out]

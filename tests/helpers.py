@@ -33,7 +33,8 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + (
+            "<assistant>" if add_generation_prompt else "")
         return [1] + [b + 3 for b in text.encode()][:40]
 
     def convert_tokens_to_ids(self, toks):

@@ -357,3 +357,38 @@ def test_samples_per_source_can_leave_a_source_out() -> None:
     for bad in ("evalset", "=2", "chat=-1", "chat=x"):
         with pytest.raises(ConfigError, match=f"item {bad!r} is not SOURCE=N"):
             table(bad)
+
+
+def test_teacher_forced_rows_score_the_conversations_own_text(tmp_path: Path) -> None:
+    """`teacher_rows` cuts each conversation into its first prompt and the rest of its own text
+    (the template's ids), skips conversations whose first turn is too long, and `train
+    --teacher-forced --no-generate` trains on them alone, generating nothing."""
+    import gzip
+
+    from eagle_engine.chat import encode_chat
+    from eagle_engine.train.data import teacher_rows
+
+    convs = [{"id": f"c{i}", "source": "sharegpt",
+              "messages": [{"role": "user", "content": f"hi {i}"},
+                           {"role": "assistant", "content": "ok" * (i + 1)},
+                           {"role": "user", "content": "more"}]} for i in range(4)]
+    convs.append({"id": "long", "source": "sharegpt",
+                  "messages": [{"role": "user", "content": "x" * 30},
+                               {"role": "assistant", "content": "y"}]})
+    path = tmp_path / "convs.jsonl.gz"
+    path.write_bytes(gzip.compress("".join(json.dumps(c) + "\n" for c in convs).encode()))
+    tok = ByteTokenizer()
+    rows = teacher_rows(path, tok, limit=10, seed=0, max_prompt_tokens=25)
+    assert sorted(r["id"] for r in rows) == ["c0", "c1", "c2", "c3"]
+    for r in rows:
+        msgs = next(c["messages"] for c in convs if c["id"] == r["id"])
+        whole = encode_chat(tok, msgs, generation_prompt=False)
+        assert r["prompt_ids"] == encode_chat(tok, msgs[:1])
+        assert r["prompt_ids"] + r["response_ids"] == whole
+        assert r["temperature"] is None
+    assert len(teacher_rows(path, tok, limit=2, seed=0, max_prompt_tokens=25)) == 2
+    work = tmp_path / "work"
+    assert main(["train", "--quick", "--prompts", str(DATA), "--out", str(tmp_path / "head"),
+                 "--work-dir", str(work), "--teacher-forced", str(path), "--no-generate"]) == 0
+    assert not (work / "responses.jsonl").exists()
+    assert "| 5 teacher-forced conversations" in (tmp_path / "head" / "README.md").read_text()

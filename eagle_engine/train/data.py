@@ -4,8 +4,9 @@ similar length, mostly greedy with a share of sampled answers; more than one ans
 (per source: open-ended prompts gain most) adds sampled answers (ids `{id}#{j}`), new contexts
 without new prompts. Appends to a JSONL file and skips answers already written, so an
 interrupted run resumes (and more answers per prompt only generates the new ones); a saved set
-(`data/answers/`) can seed it. Not here:
-features or training."""
+(`data/answers/`) can seed it. `teacher_rows` is the other source: conversations whose answers
+someone else wrote (`data/corpus/`), cut into the same rows for teacher-forced training on their
+own text, with no generation. Not here: features or training."""
 from __future__ import annotations
 
 import gzip
@@ -32,6 +33,33 @@ def copy_responses(src: Path, dst: Path) -> None:
     opener = gzip.open if src.suffix == ".gz" else open
     with opener(src, "rt") as f, dst.open("w") as out:
         shutil.copyfileobj(f, out)
+
+
+def teacher_rows(path: Path, tokenizer: Any, limit: int, seed: int, max_prompt_tokens: int = 512,
+                 max_tokens: int = 1024) -> list[dict]:
+    """Up to `limit` conversations of a JSONL file (plain or gzipped) of
+    `{"id", "source", "messages": [{"role", "content"}...]}` as training rows: `prompt_ids` are
+    the first user turn with the assistant header, `response_ids` the rest of the conversation as
+    the chat template writes it (answers and later user turns, all scored), cut at `max_tokens`
+    in all. Chosen in a seeded order; conversations whose first turn exceeds `max_prompt_tokens`
+    or whose template is not prefix-stable are skipped. `temperature` is None: not sampled."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        convs = [json.loads(line) for line in f if line.strip()]
+    random.Random(seed).shuffle(convs)
+    rows = []
+    for conv in convs:
+        if len(rows) == limit:
+            break
+        msgs = conv["messages"]
+        prompt = encode_chat(tokenizer, msgs[:1])
+        full = encode_chat(tokenizer, msgs, generation_prompt=False)
+        if len(prompt) > max_prompt_tokens or full[:len(prompt)] != prompt \
+                or len(full) <= len(prompt) + 1:
+            continue
+        rows.append({"id": conv["id"], "source": conv["source"], "prompt_ids": prompt,
+                     "response_ids": full[len(prompt):max_tokens], "temperature": None})
+    return rows
 
 
 def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -> list[dict]:

@@ -26,7 +26,7 @@ from ..config import ConfigError, DraftConfig, parse_dtype
 from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
-from .data import answer_ids, copy_responses, generate_responses, select_prompts
+from .data import answer_ids, copy_responses, generate_responses, select_prompts, teacher_rows
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
 from .trainer import Batch, TrainParams, collate, new_head, train
@@ -82,6 +82,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                         "adds the answers they lack")
     p.add_argument("--no-generate", action="store_true",
                    help="train on the responses already in --work-dir (skip generation)")
+    p.add_argument("--teacher-forced", type=Path, default=None,
+                   help="also train on these conversations' own text (JSONL or .jsonl.gz with "
+                        "'messages', as data/corpus/build.py writes): target features and soft "
+                        "labels over answers nobody generated here")
+    p.add_argument("--teacher-limit", type=int, default=1000,
+                   help="conversations taken from --teacher-forced")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a trained head (matching tensors are copied)")
     p.add_argument("--quick", action="store_true", help="tiny CI configuration")
@@ -200,14 +206,20 @@ def run_pipeline(args: argparse.Namespace) -> None:
         if not args.responses.is_file():
             raise ConfigError(f"--responses {args.responses}: no such file")
         copy_responses(args.responses, responses)
+    if args.teacher_forced is not None and not args.teacher_forced.is_file():
+        raise ConfigError(f"--teacher-forced {args.teacher_forced}: no such file")
     prompts = select_prompts(args.prompts, args.limit, args.seed)
-    if not (args.no_generate and responses.exists()) and not generate_responses(
+    skip = args.no_generate and (responses.exists() or args.teacher_forced is not None)
+    if not skip and not generate_responses(
             target, tokenizer, prompts, responses, args.max_new_tokens, args.batch_size,
             args.sampled_share, args.seed, samples, deadline=deadline):
         log.info("stopped at the time limit while generating: the same command resumes")
         return
     wanted = set(answer_ids(prompts, samples))
-    rows = [r for r in read_rows(responses) if r["id"] in wanted]
+    rows = [r for r in read_rows(responses) if r["id"] in wanted] if responses.exists() else []
+    if args.teacher_forced is not None:
+        rows += teacher_rows(args.teacher_forced, tokenizer, args.teacher_limit, args.seed,
+                             max_tokens=MAX_TOKENS)
     log.info("%d responses, generated in %.1f min", len(rows), (time.perf_counter() - t0) / 60)
     aux_ids = target.cfg.default_aux_layer_ids()
     counts = token_counts([r["response_ids"] for r in rows])
@@ -274,7 +286,7 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 | input | {"aux hidden states (inputs of target layers 2, 15, 27)" if spec.use_aux else "target final hidden (aux off)"}{", each RMS-normed before fc (fc_norm)" if spec.fc_norm else ""} |
 | draft layers | {spec.num_layers} |
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
-| data | {len(rows)} self-distilled responses to prompts of `{args.prompts.name}` ({n_tokens} tokens, {resp_tokens} response tokens) |
+| data | {data_line(args, rows)} ({n_tokens} tokens, {resp_tokens} response tokens) |
 | training | {len(log)} steps of ~{args.tokens_per_batch} tokens, reaching epoch {epoch} of {args.epochs}{budget}, TTT length {args.ttt_length}, lr {args.lr} |
 | final loss / step-0 accuracy | {last.get("loss", float("nan")):.3f} / {last.get("step_acc", [float("nan")])[0]:.3f} |
 | wall time (whole pipeline run, device `{args.device}`{online}) | {wall_s / 60:.1f} min |
@@ -284,6 +296,15 @@ Draft-vocabulary coverage of response tokens by size: {cov}.
 Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench`).
 """
     (spec.out / "README.md").write_text(card)
+
+
+def data_line(args: argparse.Namespace, rows: list[dict]) -> str:
+    taught = sum(r["temperature"] is None for r in rows)
+    parts = [f"{len(rows) - taught} self-distilled responses to prompts of `{args.prompts.name}`"
+             ] if len(rows) > taught else []
+    if taught:
+        parts.append(f"{taught} teacher-forced conversations of `{args.teacher_forced.name}`")
+    return ", ".join(parts)
 
 
 def plot_log(log: list[dict], path: Path) -> None:
