@@ -10,7 +10,8 @@ tokens each), rounds alternating, in two stages:
    differs from plain decoding is not correct and never chosen.
 Speed follows the CPU class (an AVX2 EPYC and an AVX-512 Xeon price a tree row differently),
 so the result is cached as JSON under the user cache, keyed by the torch version, the CPU model
-and flags, the kernel source, the target, the head and the candidates; later starts read it.
+and flags, the kernel source, the target, the head (its files' bytes, so retrained weights under
+the same name are measured anew) and the candidates; later starts read it.
 `apply` gives each engine its measured tree (`EagleEngine.default_tree`) and orders the
 engines fastest first. The app tunes at its first start; `python -m eagle_engine tune` does it
 from the command line, and `generate` and `bench` read the cached result. Not here: the static
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .config import CONTEXT_DRAFTS, SamplingParams, TreeParams, cache_root, cpu_flags, cpu_model
+from .engine import head_source
 from .kernels.cpu_lowbit import SOURCE
 
 log = logging.getLogger(__name__)
@@ -99,12 +101,24 @@ class Tuned:
             f"{w} {self.measured[w].best_tok_s():.0f} tok/s" for w in self.order)
 
 
+def head_digest(head: str | None) -> str | None:
+    """A head by the bytes of its files when it is a directory here, else by its name."""
+    source = head_source(head) if head else None
+    if not isinstance(source, Path):
+        return head
+    digest = hashlib.sha256()
+    for f in sorted(source.glob("*.safetensors")) + [source / "config.json"]:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
 def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleEngine]
     """Keyed by what decides the speeds, not by which weight formats were loaded."""
     config = engines[0].config
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
                       cpu_flags(), hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
-                      config.target, config.device, head, torch.get_num_threads(), CANDIDATES,
+                      config.target, config.device, head_digest(head), torch.get_num_threads(),
+                      CANDIDATES,
                       PROMPTS, NEW_TOKENS, CONTEXT_DRAFTS])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

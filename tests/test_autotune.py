@@ -68,3 +68,26 @@ def test_incorrect_trees_are_never_chosen(tmp_path: Path, monkeypatch: pytest.Mo
     m = autotune.tune([engine], "head").measured["fp32"]
     assert m.incorrect == [autotune.tree_label(TreeParams(2, 2, 4))]
     assert m.best_tree() == TreeParams(4, 3, 8)
+
+
+def test_retrained_weights_under_the_same_name_are_measured_anew(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """The cache key holds the head's file bytes: new weights in a bundled head's directory (a
+    retrained default head) miss the old measurement; a hub id is keyed by its name."""
+    import shutil
+
+    from eagle_engine import engine as engine_mod
+
+    assets = tmp_path / "heads"
+    shutil.copytree(engine_mod.ASSETS / "eagle3-aux-1layer", assets / "h")
+    monkeypatch.setattr(engine_mod, "ASSETS", assets)
+    before = autotune.head_digest("h")
+    assert autotune.head_digest("h") == before
+    weights = assets / "h" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert autotune.head_digest("h") != before
+    assert autotune.head_digest("org/some-head") == "org/some-head"
+    assert autotune.head_digest(None) is None
