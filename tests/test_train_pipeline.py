@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.train.pipeline import inherited_vocab, init_head
-from eagle_engine.train.trainer import Batch, TrainParams, ttt_attention, ttt_hidden, ttt_loss
+from eagle_engine.train.trainer import (Batch, Recipe, TrainParams, ttt_attention, ttt_hidden,
+                                        ttt_loss)
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
@@ -93,36 +95,104 @@ def test_ttt_attention_matches_explicit_mask(block: int) -> None:
                 torch.testing.assert_close(out[b, h, t], w @ vs, rtol=1e-5, atol=1e-5)
 
 
-@torch.no_grad()
-def test_ttt_loss_is_the_soft_cross_entropy(tiny_target) -> None:  # noqa: ANN001
-    """`ttt_loss` equals sum_k 0.8^k * mean over scored positions of
-    -sum_v p_target(v) log p_draft(v), written out with log_softmax, and its accuracies are the
-    draft's top-1 against the target's argmax."""
-    head = random_head(tiny_target.cfg, seed=5, draft_vocab=40)
-    T = 12
+def loss_batch(tiny_target, head: Eagle3Draft, T: int = 12) -> Batch:  # noqa: ANN001
+    """Two random conversations through `tiny_target`: random response positions, and target
+    argmaxes inside `head`'s draft vocabulary or not."""
     ids = torch.randint(3, tiny_target.cfg.vocab_size, (2, T),
                         generator=torch.Generator().manual_seed(1))
     aux_ids = head.cfg.resolve_aux_layer_ids(tiny_target.cfg)
-    out = tiny_target(ids, torch.arange(T)[None].expand(2, T), tiny_target.new_cache(
-        batch=2, max_len=T), 0, causal_mask(T, 0, "cpu"), aux_ids)
-    valid = torch.rand(2, T, generator=torch.Generator().manual_seed(2)) < 0.7
-    batch = Batch(ids=ids, aux=out.aux_hidden.clone(), final=out.final_hidden.clone(), valid=valid,
-                  argmax=out.logits.argmax(-1))
-    target_head = tiny_target.lm_head.weight[head.hot_ids]
+    with torch.no_grad():
+        out = tiny_target(ids, torch.arange(T)[None].expand(2, T), tiny_target.new_cache(
+            batch=2, max_len=T), 0, causal_mask(T, 0, "cpu"), aux_ids)
+    response = torch.rand(2, T, generator=torch.Generator().manual_seed(2)) < 0.7
+    in_vocab = torch.zeros(tiny_target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[head.hot_ids] = True
+    argmax = out.logits.argmax(-1)
+    return Batch(ids=ids, aux=out.aux_hidden.clone(), final=out.final_hidden.clone(),
+                 response=response, in_vocab_target=in_vocab[argmax], argmax=argmax)
+
+
+@pytest.mark.parametrize("recipe", [Recipe(), Recipe(mask_outside_vocab=False),
+                                    Recipe(tv_weight=0.7)], ids=["plain", "nomask", "tv"])
+def test_ttt_loss_is_the_soft_cross_entropy(tiny_target, recipe: Recipe) -> None:  # noqa: ANN001
+    """`ttt_loss` equals sum_k 0.8^k * mean over scored positions of
+    -sum_v p_target(v) log p_draft(v) + tv_weight * 0.5 * sum_v |p_target(v) - p_draft(v)|,
+    written out with log_softmax, in value and in gradient. Scored positions: the response
+    tokens whose target argmax lies in the draft vocabulary, or every response token with
+    `nomask` (more of them here). Its accuracies are the draft's top-1 against the target's
+    argmax over the in-vocabulary positions whatever the recipe, so they equal the plain
+    recipe's; the loss and gradient of the other recipes do not."""
+    head = random_head(tiny_target.cfg, seed=5, draft_vocab=40)
+    T = 12
+    batch = loss_batch(tiny_target, head, T)
+    assert (batch.valid != batch.response).any()  # some targets outside the draft vocabulary
+    target_head = tiny_target.lm_head.weight.detach()[head.hot_ids]
     params = TrainParams(ttt_length=3)
-    loss, losses, accs = ttt_loss(head, batch, target_head, params)
+    weights = [p for n, p in head.named_parameters() if not n.startswith("embed_tokens")]
+    loss, losses, accs = ttt_loss(head, batch, target_head, params, recipe)
     expected = 0.0
     for k, h in enumerate(ttt_hidden(head, batch, 3)):
         s = k + 1
-        v = valid[:, s:]
-        logp = torch.log_softmax(head.lm_head(head.norm(h[:, :T - s][v])), -1)
-        p = torch.softmax(batch.final[:, s:][v] @ target_head.T, -1)
-        step = -(p * logp).sum(-1).mean()
-        torch.testing.assert_close(losses[k], float(step), rtol=1e-5, atol=1e-5)
-        hit = head.hot_ids[logp.argmax(-1)] == batch.argmax[:, s:][v]
-        assert accs[k] == pytest.approx(float(hit.float().mean()))
+        valid = batch.valid[:, s:]
+        scored = valid if recipe.mask_outside_vocab else batch.response[:, s:]
+        logp = torch.log_softmax(head.lm_head(head.norm(h[:, :T - s][scored])), -1)
+        p = torch.softmax(batch.final[:, s:][scored] @ target_head.T, -1)
+        step = -(p * logp).sum(-1).mean() + \
+            recipe.tv_weight * 0.5 * (p - logp.exp()).abs().sum(-1).mean()
+        torch.testing.assert_close(losses[k], float(step.detach()), rtol=1e-5, atol=1e-5)
+        hit = (head.hot_ids[logp.argmax(-1)] == batch.argmax[:, s:][scored])[valid[scored]]
+        assert accs[k] == pytest.approx(float(hit.sum()) / int(valid.sum()))
         expected = expected + 0.8 ** k * step
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(loss, weights)
+    for g, e in zip(grads, torch.autograd.grad(expected, weights)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    plain_loss, plain_losses, plain_accs = ttt_loss(head, batch, target_head, params)
+    assert accs == plain_accs
+    if recipe != Recipe():
+        assert all(a != b for a, b in zip(losses, plain_losses))
+        plain = torch.autograd.grad(plain_loss, weights)
+        assert max(float((g - q).abs().max()) for g, q in zip(grads, plain)) > 1e-4
+
+
+def test_feature_noise_is_per_chunk_and_only_in_training(tiny_target) -> None:  # noqa: ANN001
+    """`noise=S` adds Gaussian noise of S times each token's aux-chunk RMS to the head's input
+    (a chunk 1000x larger gets 1000x the noise, the others keep theirs). Two train steps with it
+    move the weights elsewhere than without; the same recipe without a generator (evaluation,
+    `step_accuracy`) adds none."""
+    import copy
+
+    from eagle_engine.train.trainer import add_feature_noise, new_optimizer, train_step
+
+    head = random_head(tiny_target.cfg, seed=5, draft_vocab=40)
+    feats = torch.randn(2, 7, 3 * tiny_target.cfg.hidden_size)
+    feats[..., tiny_target.cfg.hidden_size:2 * tiny_target.cfg.hidden_size] *= 1000
+    noised = add_feature_noise(head, feats, 0.1, torch.Generator().manual_seed(0))
+    ratio = ((noised - feats).unflatten(-1, (3, -1)).pow(2).mean(-1)
+             / feats.unflatten(-1, (3, -1)).pow(2).mean(-1)).sqrt()  # [2, 7, 3]
+    torch.testing.assert_close(ratio.mean((0, 1)), torch.full((3,), 0.1), rtol=0.15, atol=0)
+
+    batch = loss_batch(tiny_target, head)
+    target_head = tiny_target.lm_head.weight.detach()[head.hot_ids].to(torch.bfloat16)
+    params = TrainParams(ttt_length=3)
+    noisy = Recipe(feature_noise=0.3)
+    with torch.no_grad():
+        assert ttt_loss(head, batch, target_head, params, noisy)[1] == \
+            ttt_loss(head, batch, target_head, params)[1]
+
+    def trained(recipe: Recipe, noise: bool) -> Eagle3Draft:
+        model = copy.deepcopy(head)
+        opt, trainable = new_optimizer(model, params)
+        for step in range(2):
+            gen = torch.Generator().manual_seed(step) if noise else None
+            train_step(model, opt, trainable, batch, target_head, params, 1e-3, recipe, gen)
+        return model
+
+    plain = trained(Recipe(), False)
+    for model, same in ((trained(noisy, True), False), (trained(noisy, False), True)):
+        diff = max(float((a - b).abs().max()) for a, b in zip(
+            model.state_dict().values(), plain.state_dict().values()))
+        assert (diff == 0) is same, diff
 
 
 def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path) -> None:
@@ -229,11 +299,15 @@ def test_online_batch_equals_cached_features(tmp_path: Path) -> None:
         torch.testing.assert_close(new[real].to(old.dtype), old[real])
 
 
+@pytest.mark.parametrize("variant", ["plain", "recipes+holdout"])
 def test_interrupted_multi_head_training_resumes_to_the_same_weights(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest.MonkeyPatch
+        tmp_path: Path, monkeypatch, variant: str) -> None:  # noqa: ANN001 - pytest.MonkeyPatch
     """Two heads (aux on / off) trained on the same online batches: a run stopped by its
     deadline after 3 steps and resumed from its checkpoint ends with exactly the weights of an
-    uninterrupted run."""
+    uninterrupted run. With recipes (feature noise, TV, nomask, normout) and held-out
+    evaluation every 2 steps, the held-out scores and best steps are the same too, and the
+    weights compared are the best ones: a head whose best step (2) lies before the cut keeps
+    it through the checkpoint."""
     from eagle_engine.config import ConfigError
     from eagle_engine.train import trainer
     from eagle_engine.train.online import online_batch
@@ -245,18 +319,27 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     hot = torch.arange(0, target.cfg.vocab_size, 2)
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
     in_vocab[hot] = True
-    params = trainer.TrainParams(epochs=2, ttt_length=3, tokens_per_batch=64, warmup_steps=2)
+    recipes = variant == "recipes+holdout"
+    # an lr so high that the held-out accuracy peaks early
+    extra = {"holdout": 3, "eval_every": 2, "lr": 0.03} if recipes else {}
+    params = trainer.TrainParams(epochs=2, ttt_length=3, tokens_per_batch=64, warmup_steps=2,
+                                 **extra)
     lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]
+    options = {"aux": (Recipe(tv_weight=0.5, feature_noise=0.2), True),
+               "noaux": (Recipe(mask_outside_vocab=False), False)} if recipes else {}
 
     def heads() -> list[trainer.Head]:
         out = []
         for name, aux in (("aux", True), ("noaux", False)):
+            recipe, norm_output = options.get(name, (Recipe(), False))
             torch.manual_seed(0)
-            model = Eagle3Draft(draft_config(target.cfg, 1, aux, hot.numel()), 256)
+            model = Eagle3Draft(draft_config(target.cfg, 1, aux, hot.numel(),
+                                             norm_output=norm_output), 256)
             init_head(model, target, hot, None)
             model.share_embedding(target.embed_tokens)
             model.embed_tokens.weight.requires_grad_(False)
-            out.append(trainer.new_head(name, model, target.lm_head.weight.detach(), params))
+            out.append(trainer.new_head(name, model, target.lm_head.weight.detach(), params,
+                                        recipe))
         return out
 
     def make_batch(group: list[int]) -> trainer.Batch:
@@ -265,7 +348,11 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     whole = heads()
     assert trainer.train(whole, lengths, make_batch, tmp_path / "whole", params)
     total = len(whole[0].log)
-    assert total > 4
+    assert total > 3
+    evaluated = sorted({*range(2, total + 1, 2), total}) if recipes else []
+    for h in whole:
+        assert [r["step"] for r in h.log if "heldout_score" in r] == evaluated
+    assert min(h.best_step for h in whole) == (2 if recipes else 0)
 
     def assert_resumes_to(whole: list[trainer.Head], run: str) -> None:
         """Resuming `run` completes the schedule with exactly the uninterrupted weights."""
@@ -273,6 +360,8 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
         assert trainer.train(resumed, lengths, make_batch, tmp_path / run, params)
         assert [r["step"] for r in resumed[0].log] == list(range(1, total + 1))
         for a, b in zip(whole, resumed):
+            assert b.best_step == a.best_step
+            assert [r.get("heldout_acc") for r in b.log] == [r.get("heldout_acc") for r in a.log]
             for (name, p), q in zip(a.model.state_dict().items(),
                                     b.model.state_dict().values()):
                 assert torch.equal(p, q), name
@@ -282,6 +371,9 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     cut = heads()
     assert not trainer.train(cut, lengths, make_batch, tmp_path / "cut", params, deadline=0.0)
     assert len(cut[0].log) == 3
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["heads"]
+    assert [saved[h.name].get("best_step") for h in cut] == \
+        [2 if recipes else None] * 2
     monkeypatch.undo()
     assert_resumes_to(whole, "cut")
     assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads
@@ -309,13 +401,84 @@ def test_head_specs_name_bad_items(tmp_path: Path) -> None:
         return head_specs(argparse.Namespace(heads=heads, out=tmp_path, num_layers=1,
                                              no_aux=False))
 
-    assert [(s.out.name, s.num_layers, s.use_aux, s.fc_norm)
-            for s in specs("a:1:aux,b:2:noaux,c:1:auxnorm")] == [
-        ("a", 1, True, False), ("b", 2, False, False), ("c", 1, True, True)]
-    for bad, words in (("a:1", "a:1"), ("a:0:aux", "a:0:aux"), ("a:1:both", "a:1:both"),
-                       ("a:1:aux,a:2:aux", "repeat")):
-        with pytest.raises(ConfigError, match=words):
+    assert [(s.out.name, s.num_layers, s.use_aux, s.fc_norm, s.norm_output, s.recipe)
+            for s in specs("a:1:aux,b:2:noaux:nomask,c:1:auxnorm:tv=0.5+noise=0.1+normout")
+            ] == [("a", 1, True, False, False, Recipe()),
+                  ("b", 2, False, False, False, Recipe(mask_outside_vocab=False)),
+                  ("c", 1, True, True, True, Recipe(tv_weight=0.5, feature_noise=0.1))]
+    for bad, words in (("a:1", "'a:1' is not"), ("a:0:aux", "'a:0:aux' is not"),
+                       ("a:1:both", "'a:1:both' is not"), ("a:1:aux,a:2:aux", "repeat"),
+                       ("a:1:aux:nomask:normout", "'a:1:aux:nomask:normout' is not"),
+                       ("a:1:aux:", "'a:1:aux:': unknown option ''"),
+                       ("a:1:aux:tv", "unknown option 'tv'"),
+                       ("a:1:aux:nomask+mask", "'a:1:aux:nomask+mask': unknown option 'mask'"),
+                       ("a:1:aux:tv=x", "option 'tv=x' needs a number >= 0"),
+                       ("a:1:aux:noise=-0.1", "option 'noise=-0.1' needs a number"),
+                       ("a:1:aux:tv=nan", "option 'tv=nan' needs a number"),
+                       ("a:1:aux:tv=1+tv=2", "'a:1:aux:tv=1+tv=2' repeats option 'tv'")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
             specs(bad)
+
+
+def test_holdout_writes_the_best_state_of_a_normout_head(tmp_path: Path) -> None:
+    """`--holdout 3 --eval-every 1` with an lr so high that held-out accuracy falls after its
+    peak: the held-out conversations enter no training batch, every step logs a held-out score,
+    the model `train` leaves (and `save_draft` writes) is the best step's (its held-out score is
+    the best, not the last), the card says which step, and the head (`normout`) saved and
+    loaded again drafts with `norm_output`."""
+    from eagle_engine.models.draft_io import load_draft
+    from eagle_engine.train import trainer
+    from eagle_engine.train.online import online_batch
+    from eagle_engine.train.pipeline import draft_config, head_specs, write_card
+
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
+    rows = tiny_rows(target.cfg.vocab_size, n=12)
+    aux_ids = target.cfg.default_aux_layer_ids()
+    hot = torch.arange(0, target.cfg.vocab_size, 2)
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[hot] = True
+    params = trainer.TrainParams(epochs=2, ttt_length=3, tokens_per_batch=64, warmup_steps=2,
+                                 lr=0.03, holdout=3, eval_every=1)
+    spec, = head_specs(argparse.Namespace(heads="best:1:aux:normout", out=tmp_path))
+    torch.manual_seed(0)
+    model = Eagle3Draft(draft_config(target.cfg, 1, True, hot.numel(), spec.fc_norm,
+                                     spec.norm_output), 256)
+    init_head(model, target, hot, None)
+    model.share_embedding(target.embed_tokens)
+    model.embed_tokens.weight.requires_grad_(False)
+    head = trainer.new_head("best", model, target.lm_head.weight.detach(), params, spec.recipe)
+    groups = []
+
+    def make_batch(group: list[int]) -> trainer.Batch:
+        groups.append(group)
+        return online_batch(target, rows, group, aux_ids, in_vocab)
+
+    lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]
+    assert trainer.train([head], lengths, make_batch, tmp_path / "run", params)
+    held = set(groups[0])  # the held-out batch is built first (3 short rows: one batch)
+    assert len(held) == 3 and not held & {i for g in groups[1:] for i in g}
+    scores = [r["heldout_score"] for r in head.log]
+    assert len(scores) == len(head.log) > 2
+    assert head.best_step == 1 + scores.index(max(scores)) < len(scores)
+    assert scores[-1] < max(scores)
+    held_batches = [make_batch(sorted(held))]
+    accs = trainer.step_accuracy(head.model, held_batches, head.target_head, params)
+    assert accs == head.log[head.best_step - 1]["heldout_acc"]
+
+    save_draft(head.model, target.cfg, spec.out, 256, dtype=torch.float32)
+    assert json.loads((spec.out / "config.json").read_text())["norm_output"] is True
+    loaded = load_draft(spec.out, target.cfg, target.embed_tokens, target.lm_head, 256,
+                        torch.float32)
+    assert loaded.cfg.norm_output
+    for name, t in trainer.head_state(head.model).items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    args = argparse.Namespace(prompts=DATA, draft_vocab=48, tokens_per_batch=64, epochs=2,
+                              max_minutes=None, ttt_length=3, lr=0.03, online=True,
+                              device="cpu", holdout=3, eval_every=1)
+    write_card(args, spec, head.log, {}, rows, 1.0, head.best_step)
+    card = (spec.out / "README.md").read_text()
+    assert f"weights of step {head.best_step} of {len(scores)}" in card
+    assert "recycled hidden normed (norm_output)" in card
 
 
 def test_auxnorm_head_normalizes_each_aux_chunk_before_fc() -> None:

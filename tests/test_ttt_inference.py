@@ -27,7 +27,8 @@ def features_batch(target, ids: torch.Tensor, aux_ids: tuple[int, ...]) -> Batch
     out = target(ids[None], torch.arange(n)[None], target.new_cache(max_len=n), 0,
                  causal_mask(n, 0, "cpu"), aux_ids)
     return Batch(ids=ids[None], aux=out.aux_hidden, final=out.final_hidden,
-                 valid=torch.ones(1, n, dtype=torch.bool), argmax=out.logits.argmax(-1))
+                 response=torch.ones(1, n, dtype=torch.bool),
+                 in_vocab_target=torch.ones(1, n, dtype=torch.bool), argmax=out.logits.argmax(-1))
 
 
 def step_probs(head, batch: Batch, steps: int) -> list[torch.Tensor]:  # noqa: ANN001
@@ -36,12 +37,14 @@ def step_probs(head, batch: Batch, steps: int) -> list[torch.Tensor]:  # noqa: A
             for h in ttt_hidden(head, batch, steps)]
 
 
-@pytest.mark.parametrize("num_layers,use_aux", [(1, True), (2, True), (1, False)])
+@pytest.mark.parametrize("num_layers,use_aux,norm_output",
+                         [(1, True, False), (2, True, False), (1, False, False), (1, True, True)])
 @torch.no_grad()
-def test_ttt_steps_equal_the_engine_draft_chain(tiny_target, num_layers: int,
-                                                use_aux: bool) -> None:
+def test_ttt_steps_equal_the_engine_draft_chain(tiny_target, num_layers: int, use_aux: bool,
+                                                norm_output: bool) -> None:
+    """With `norm_output` the engine recycles norm(h) and the trainer's TTT steps must too."""
     head = random_head(tiny_target.cfg, seed=3, num_layers=num_layers, use_aux=use_aux,
-                       draft_vocab=40)
+                       draft_vocab=40, norm_output=norm_output)
     aux_ids = head.cfg.resolve_aux_layer_ids(tiny_target.cfg) if use_aux else ()
     ids = torch.randint(3, tiny_target.cfg.vocab_size, (T,),
                         generator=torch.Generator().manual_seed(0))

@@ -2,8 +2,9 @@
 
 The target answers held-out prompts greedily, features are extracted as for training, and the
 head's per-step top-1 accuracy against the target (step 0 = first draft token, later steps fed
-their own outputs, as in training-time test) is computed by the trainer's own loss function,
-beside how often the target's choice lies in the draft vocabulary at all.
+their own outputs, as in training-time test) is computed by the trainer's own loss function
+(`trainer.step_accuracy`, as in training's held-out evaluation), beside how often the target's
+choice lies in the draft vocabulary at all.
 Set beside the training log's accuracy it shows how much of a head's skill is memorized.
 Not here: speed or tree acceptance (`bench.py`).
 """
@@ -25,7 +26,7 @@ from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, resolve_target
 from ..models.target import TargetModel
 from .features import extract, load_samples
-from .trainer import TrainParams, collate, group_batches, ttt_loss
+from .trainer import TrainParams, collate, group_batches, step_accuracy
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,20 +58,13 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
     in_vocab[hot] = True
     target_head = target.lm_head.weight[hot].to(torch.bfloat16)
     params = TrainParams(ttt_length=ttt_length)
-    hits, counts, n = [0.0] * ttt_length, [0] * ttt_length, 0
     lengths = [s.ids.numel() for s in samples]
-    for group in group_batches(lengths, params.tokens_per_batch, random.Random(0)):
-        batch = collate(samples, group, in_vocab)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, _, accs = ttt_loss(model, batch, target_head, params)
-        for k, a in enumerate(accs):  # step k scores the valid positions from k+1 on
-            w = int(batch.valid[:, k + 1:].sum())
-            hits[k] += a * w
-            counts[k] += w
-        n += int(batch.valid.sum())
+    batches = [collate(samples, group, in_vocab)
+               for group in group_batches(lengths, params.tokens_per_batch, random.Random(0))]
+    n = sum(int(b.valid.sum()) for b in batches)
     tokens = torch.tensor([t for a in answers for t in a], dtype=torch.long)
     coverage = float(in_vocab[tokens].float().mean()) if tokens.numel() else 0.0
-    return [h / max(c, 1) for h, c in zip(hits, counts)], n, coverage
+    return step_accuracy(model, batches, target_head, params), n, coverage
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:

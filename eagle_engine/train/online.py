@@ -39,7 +39,7 @@ def online_batch(target: TargetModel, rows: list[dict], group: list[int],
     seqs = [row_ids(rows[i], max_tokens) for i in group]
     B, T = len(seqs), max(len(s) for s in seqs)
     ids = torch.zeros(B, T, dtype=torch.long)
-    response = torch.zeros(B, T, dtype=torch.bool)  # [B, T] scored positions before the vocab test
+    response = torch.zeros(B, T, dtype=torch.bool)  # [B, T] answer tokens with a next token
     for b, (i, s) in enumerate(zip(group, seqs)):
         ids[b, :len(s)] = torch.tensor(s)
         # answer positions; the last token's target lies past the end
@@ -47,5 +47,5 @@ def online_batch(target: TargetModel, rows: list[dict], group: list[int],
     ids, response = ids.to(dev), response.to(dev)
     aux, final, argmax = _target_pass(target, ids, aux_ids)
     # clone: inference tensors cannot be saved for the heads' backward
-    return Batch(ids=ids, aux=aux.clone(), final=final.clone(),
-                 valid=response & in_vocab[argmax], argmax=argmax.clone())
+    return Batch(ids=ids, aux=aux.clone(), final=final.clone(), response=response,
+                 in_vocab_target=in_vocab[argmax], argmax=argmax.clone())

@@ -3,21 +3,23 @@
     prompts.jsonl -> data (self-distillation) -> features -> vocab -> TTT training -> head dirs
 
 Features are cached on disk (the CPU default) or computed per training batch (`--online`, the
-GPU path); `--heads` trains several heads (aux on/off, layer counts) on the same batches. Stages
-cache their outputs in `--work-dir` (outside git) and resume, also after `--stop-after-minutes`
-ends an invocation; each head is written in the standard HF EAGLE-3 format with a model card,
-the training log and a loss/accuracy plot. `--quick` is a tiny configuration that exercises
-every stage in CI time (not a quality run).
+GPU path); `--heads` trains several heads (aux on/off, layer counts, recipe options: see
+`head_specs`) on the same batches, and `--holdout` / `--eval-every` keep each head's best state
+by held-out accuracy. Stages cache their outputs in `--work-dir` (outside git) and resume, also
+after `--stop-after-minutes` ends an invocation; each head is written in the standard HF
+EAGLE-3 format with a model card, the training log and a loss/accuracy plot. `--quick` is a tiny
+configuration that exercises every stage in CI time (not a quality run).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,7 +31,7 @@ from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_t
 from .data import answer_ids, copy_responses, generate_responses, select_prompts, teacher_rows
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
-from .trainer import Batch, TrainParams, collate, new_head, train
+from .trainer import Batch, Recipe, TrainParams, collate, new_head, train
 from .vocab import coverage_table, select_vocab, token_counts
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True,
                    help="head directory to write (with --heads: the parent of the heads)")
     p.add_argument("--heads", default=None,
-                   help="several heads on the same batches: NAME:LAYERS:aux|auxnorm|noaux,... "
-                        "(auxnorm: aux with an RMSNorm per aux chunk before fc) "
+                   help="several heads on the same batches: "
+                        "NAME:LAYERS:aux|auxnorm|noaux[:OPT+OPT...],... "
+                        "(auxnorm: aux with an RMSNorm per aux chunk before fc; options: "
+                        "tv=W adds W * total variation to the loss, noise=S adds Gaussian noise "
+                        "of S * RMS to the input features in training, nomask also scores "
+                        "targets outside the draft vocabulary, normout recycles the normed "
+                        "hidden, e.g. b:1:aux:tv=0.5+normout) "
                         "(default: one head from --num-layers / --no-aux)")
     p.add_argument("--work-dir", type=Path, default=Path("runs/train"),
                    help="cache for responses, features and checkpoints (outside git)")
@@ -71,6 +78,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttt-length", type=int, default=6)
     p.add_argument("--tokens-per-batch", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--holdout", type=int, default=0,
+                   help="conversations held out of training (drawn by --seed): each head's "
+                        "held-out accuracy is logged and its best state is the one written")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="steps between held-out evaluations (0: only at the end; "
+                        "needs --holdout)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="training time budget (the LR schedule is fitted to it)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
@@ -100,21 +113,58 @@ class HeadSpec:
     num_layers: int
     use_aux: bool
     fc_norm: bool = False  # RMSNorm on each aux chunk before `fc` (EAGLE 3.1's fc_norm)
+    norm_output: bool = False  # the recycled hidden is norm(h) (in training and in the config)
+    recipe: Recipe = field(default_factory=Recipe)
+
+
+HEAD_OPTIONS = "tv=FLOAT, noise=FLOAT, nomask, normout, joined by +"
+
+
+def head_options(item: str, text: str) -> tuple[Recipe, bool]:
+    """The `OPT+OPT...` of `--heads` item `item` -> (recipe, norm_output): `tv=W` sets
+    `Recipe.tv_weight`, `noise=S` `Recipe.feature_noise` (W, S >= 0), `nomask` clears
+    `Recipe.mask_outside_vocab`, `normout` sets the head's `norm_output`."""
+    fields: dict[str, float | bool] = {}
+    norm_output, seen = False, set()
+    for opt in text.split("+"):
+        name, eq, value = opt.partition("=")
+        if name in seen:
+            raise ConfigError(f"--heads item {item!r} repeats option {name!r}")
+        seen.add(name)
+        if name in ("tv", "noise") and eq:
+            try:
+                x = float(value)
+            except ValueError:
+                x = math.nan
+            if not (math.isfinite(x) and x >= 0):
+                raise ConfigError(f"--heads item {item!r}: option {opt!r} needs a number >= 0")
+            fields["tv_weight" if name == "tv" else "feature_noise"] = x
+        elif opt == "nomask":
+            fields["mask_outside_vocab"] = False
+        elif opt == "normout":
+            norm_output = True
+        else:
+            raise ConfigError(f"--heads item {item!r}: unknown option {opt!r} "
+                              f"(options: {HEAD_OPTIONS})")
+    return Recipe(**fields), norm_output
 
 
 def head_specs(args: argparse.Namespace) -> list[HeadSpec]:
-    """`--heads NAME:LAYERS:aux|auxnorm|noaux,...` under `--out`, or the one head `--out`."""
+    """`--heads NAME:LAYERS:aux|auxnorm|noaux[:OPT+OPT...],...` under `--out` (options:
+    `head_options`), or the one head `--out`."""
     if not args.heads:
         return [HeadSpec(args.out, args.num_layers, not args.no_aux)]
     specs = []
     for item in args.heads.split(","):
         parts = item.split(":")
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < 1 \
+        if len(parts) not in (3, 4) or not parts[1].isdigit() or int(parts[1]) < 1 \
                 or parts[2] not in ("aux", "auxnorm", "noaux"):
-            raise ConfigError(f"--heads item {item!r} is not NAME:LAYERS:aux|auxnorm|noaux "
-                              "(e.g. eagle3-aux-1layer:1:aux)")
+            raise ConfigError(f"--heads item {item!r} is not NAME:LAYERS:aux|auxnorm|noaux"
+                              "[:OPT+OPT...] (e.g. eagle3-aux-1layer:1:aux:tv=0.5+normout)")
+        recipe, norm_output = head_options(item, parts[3]) if len(parts) == 4 \
+            else (Recipe(), False)
         specs.append(HeadSpec(args.out / parts[0], int(parts[1]), parts[2] != "noaux",
-                              parts[2] == "auxnorm"))
+                              parts[2] == "auxnorm", norm_output, recipe))
     if len({s.out.name for s in specs}) != len(specs):
         raise ConfigError(f"--heads names repeat: {args.heads!r}")
     return specs
@@ -138,7 +188,7 @@ def quick_overrides(args: argparse.Namespace) -> None:
 
 
 def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int,  # noqa: ANN001
-                 fc_norm: bool = False) -> DraftConfig:
+                 fc_norm: bool = False, norm_output: bool = False) -> DraftConfig:
     """Our head's shape: one target-sized decoder layer (or more) and a reduced vocabulary."""
     t = target_cfg
     return DraftConfig.from_dict({
@@ -146,7 +196,7 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int,  # noqa
         "num_attention_heads": t.num_heads, "num_key_value_heads": t.num_kv_heads,
         "head_dim": t.head_dim, "num_hidden_layers": num_layers, "rms_norm_eps": t.rms_norm_eps,
         "rope_theta": t.rope_theta, "vocab_size": t.vocab_size, "draft_vocab_size": vocab,
-        "target_hidden_size": t.hidden_size, "fc_norm": fc_norm,
+        "target_hidden_size": t.hidden_size, "fc_norm": fc_norm, "norm_output": norm_output,
         "eagle_config": {"use_aux_hidden_state": use_aux}})
 
 
@@ -194,6 +244,11 @@ def run_pipeline(args: argparse.Namespace) -> None:
                  "preloading jemalloc about halves it (README, 'Training')")
     deadline = time.time() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
     specs = head_specs(args)
+    if args.holdout < 0 or args.eval_every < 0:
+        raise ConfigError(f"--holdout {args.holdout} / --eval-every {args.eval_every}: "
+                          "must be >= 0")
+    if args.eval_every and not args.holdout:
+        raise ConfigError("--eval-every needs --holdout N > 0 (held-out conversations)")
     samples = samples_by_source(args)
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
@@ -229,17 +284,20 @@ def run_pipeline(args: argparse.Namespace) -> None:
         hot = inherited_vocab(args.init_from, hot)
     params = TrainParams(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
                          ttt_length=args.ttt_length, tokens_per_batch=args.tokens_per_batch,
-                         seed=args.seed, max_minutes=args.max_minutes)
+                         seed=args.seed, max_minutes=args.max_minutes,
+                         holdout=args.holdout, eval_every=args.eval_every)
     heads = []
     for spec in specs:
         torch.manual_seed(args.seed)
         model = Eagle3Draft(draft_config(target.cfg, spec.num_layers, spec.use_aux,
-                                         args.draft_vocab, spec.fc_norm), 2048 + 64).float()
+                                         args.draft_vocab, spec.fc_norm, spec.norm_output),
+                            2048 + 64).float()
         init_head(model, target, hot, args.init_from)
         model.to(args.device)
         model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
         model.embed_tokens.weight.requires_grad_(False)
-        heads.append(new_head(spec.out.name, model, target.lm_head.weight.detach(), params))
+        heads.append(new_head(spec.out.name, model, target.lm_head.weight.detach(), params,
+                              spec.recipe))
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool, device=args.device)
     in_vocab[hot.to(args.device)] = True
     if args.online:
@@ -259,17 +317,39 @@ def run_pipeline(args: argparse.Namespace) -> None:
     if not done:
         log.info("stopped at the time limit: the same command resumes from %s", run_dir)
     wall = time.perf_counter() - t0
-    for spec, head in zip(specs, heads):
+    for spec, head in zip(specs, heads):  # with --holdout, `train` left the best states
         save_draft(head.model, target.cfg, spec.out, 8192)
-        write_card(args, spec, head.log, coverage, rows, wall)
+        write_card(args, spec, head.log, coverage, rows, wall, head.best_step)
         plot_log(head.log, spec.out / "training.png")
         (spec.out / "train_log.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in head.log))
 
 
+def recipe_text(spec: HeadSpec) -> str:
+    """The card's line for a head's recipe options (`head_options`)."""
+    r = spec.recipe
+    parts = ["soft cross-entropy" + (f" + {r.tv_weight} * total variation" if r.tv_weight
+                                     else "")]
+    if r.feature_noise:
+        parts.append(f"input feature noise {r.feature_noise} * RMS (per token and aux chunk)")
+    parts.append("targets outside the draft vocabulary masked" if r.mask_outside_vocab
+                 else "targets outside the draft vocabulary scored too")
+    if spec.norm_output:
+        parts.append("recycled hidden normed (norm_output)")
+    return ", ".join(parts)
+
+
 def write_card(args: argparse.Namespace, spec: HeadSpec, log: list[dict],
-               coverage: dict[int, float], rows: list[dict], wall_s: float) -> None:
+               coverage: dict[int, float], rows: list[dict], wall_s: float,
+               best_step: int = 0) -> None:
+    """`best_step` > 0: the weights are those of that step (best held-out accuracy)."""
     last = log[-1] if log else {}
+    best = next((r for r in log if r["step"] == best_step), {})
+    stopping = (f"weights of step {best_step} of {len(log)}: best 0.8^k-weighted held-out "
+                f"accuracy {best.get('heldout_score', float('nan')):.3f} on {args.holdout} "
+                f"held-out conversations, evaluated "
+                f"{f'every {args.eval_every} steps and ' if args.eval_every else ''}at the end"
+                if best_step else "none (weights of the last step)")
     n_tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     resp_tokens = sum(len(r["response_ids"]) for r in rows)
     cov = ", ".join(f"{k}: {v:.3f}" for k, v in coverage.items())
@@ -288,7 +368,9 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 | draft vocabulary | {args.draft_vocab} most frequent response tokens |
 | data | {data_line(args, rows)} ({n_tokens} tokens, {resp_tokens} response tokens) |
 | training | {len(log)} steps of ~{args.tokens_per_batch} tokens, reaching epoch {epoch} of {args.epochs}{budget}, TTT length {args.ttt_length}, lr {args.lr} |
+| recipe | {recipe_text(spec)} |
 | final loss / step-0 accuracy | {last.get("loss", float("nan")):.3f} / {last.get("step_acc", [float("nan")])[0]:.3f} |
+| early stopping | {stopping} |
 | wall time (whole pipeline run, device `{args.device}`{online}) | {wall_s / 60:.1f} min |
 
 Draft-vocabulary coverage of response tokens by size: {cov}.

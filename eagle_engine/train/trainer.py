@@ -1,15 +1,18 @@
 """Stage 4: training-time-test (TTT) training of EAGLE-3 heads on target features.
 
 Step 0 at position t sees (target feature at t, token t+1) and learns the target's distribution
-for token t+2; steps k = 1..ttt_length-1 feed the draft's own pre-norm output back as the hidden,
-with RoPE position t+k, attending to the step-0 keys at positions <= t plus the "diagonal" keys of
-its own earlier steps at t — exactly what a decode step sees at inference. Loss per step is the
-soft cross-entropy against the target restricted to the draft vocabulary (renormalized), weighted
-0.8^k; positions whose target argmax is outside the draft vocabulary are masked. Checkpoints and
-a JSONL log per head are written to the run directory; an interrupted run resumes from the last
-checkpoint. Several heads (aux on/off, layer counts) can train on the same batches. Not here:
-where features come from (`features.py` caches them, `online.py` computes them per batch) or
-evaluation.
+for token t+2; steps k = 1..ttt_length-1 feed the draft's own output back as the hidden (pre-norm,
+or norm(h) for a head with `norm_output`, as the engine recycles it), with RoPE position t+k,
+attending to the step-0 keys at positions <= t plus the "diagonal" keys of its own earlier steps
+at t — exactly what a decode step sees at inference. Loss per step is the soft cross-entropy
+against the target restricted to the draft vocabulary (renormalized), weighted 0.8^k; positions
+whose target argmax is outside the draft vocabulary are masked. A per-head `Recipe` varies that:
+a total-variation term, feature noise, scoring the masked positions too. Checkpoints and a JSONL
+log per head are written to the run directory; an interrupted run resumes from the last
+checkpoint. Several heads (aux on/off, layer counts, recipes) can train on the same batches;
+with `TrainParams.holdout` each keeps its best state by held-out accuracy (early stopping). Not
+here: where features come from (`features.py` caches them, `online.py` computes them per batch)
+or the `eval-head` command (`evaluate.py`).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,29 @@ class TrainParams:
     seed: int = 0
     max_seq_len: int = 1024
     max_minutes: float | None = None  # time budget: shortens the schedule after 13 steps
+    holdout: int = 0  # sequences kept out of the batches (their batches stay in memory)
+    eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One head's training options (the defaults are the plain recipe), so that recipe A/Bs
+    train as several heads on the same batches. With p the target distribution over the draft
+    vocabulary and q = softmax(draft logits) at a scored position:
+
+        loss_k = mean(-sum_v p_v log q_v) + tv_weight * mean(1 - sum_v min(p_v, q_v))
+
+    (1 - sum min(p, q) = TV(p, q) = 0.5 * sum |p - q| is one minus the expected acceptance of
+    sampled drafting: KL plus a total-variation term, the "LK loss" of arXiv 2602.23881).
+    `feature_noise` adds N(0, (feature_noise * rms)^2) to the head's input features in training
+    only, rms taken over each token's aux chunk (each target layer has its own scale; the whole
+    final hidden for an aux-off head). `mask_outside_vocab=False` also scores the response
+    tokens whose target argmax lies outside the draft vocabulary (toward the renormalized p).
+    Architecture flags (aux input, fc_norm, norm_output) belong to the head's `DraftConfig`,
+    since the engine must follow them too."""
+    tv_weight: float = 0.0
+    feature_noise: float = 0.0
+    mask_outside_vocab: bool = True
 
 
 @dataclass(slots=True)
@@ -51,8 +77,14 @@ class Batch:
     ids: torch.Tensor  # [B, T] int64 (0-padded)
     aux: torch.Tensor  # [B, T, num_aux * Ht] target aux hidden states
     final: torch.Tensor  # [B, T, Ht] normed target hidden (the aux-off input, and target logits)
-    valid: torch.Tensor  # [B, T] bool: response token with a target inside the draft vocab
+    response: torch.Tensor  # [B, T] bool: response token whose next token is in the sequence
+    in_vocab_target: torch.Tensor  # [B, T] bool: target argmax inside the draft vocabulary
     argmax: torch.Tensor  # [B, T] int64 target argmax
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[B, T] bool: the positions scored by default and counted by the accuracy."""
+        return self.response & self.in_vocab_target
 
 
 def group_batches(lengths: list[int], tokens_per_batch: int, rng: random.Random
@@ -83,13 +115,14 @@ def collate(samples: list[Sample], group: list[int], in_vocab: torch.Tensor) -> 
     def pad(t: torch.Tensor) -> torch.Tensor:
         return F.pad(t, (0, 0, 0, T - t.shape[0])) if t.dim() == 2 else F.pad(
             t, (0, T - t.shape[0]))
-    valid = [samples[i].loss_mask & in_vocab[samples[i].argmax] for i in group]
-    for v in valid:
-        v[-1] = False  # the last token's target predicts past the end of the response
+    response = [samples[i].loss_mask.clone() for i in group]
+    for r in response:
+        r[-1] = False  # the last token's target predicts past the end of the response
     return Batch(ids=torch.stack([pad(samples[i].ids) for i in group]),
                  aux=torch.stack([pad(samples[i].aux) for i in group]),
                  final=torch.stack([pad(samples[i].final) for i in group]),
-                 valid=torch.stack([pad(v) for v in valid]),
+                 response=torch.stack([pad(r) for r in response]),
+                 in_vocab_target=torch.stack([pad(in_vocab[samples[i].argmax]) for i in group]),
                  argmax=torch.stack([pad(samples[i].argmax) for i in group]))
 
 
@@ -135,43 +168,93 @@ def layer_step(layer: DraftLayer, model: Eagle3Draft, h: torch.Tensor, embeds: t
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def ttt_hidden(model: Eagle3Draft, batch: Batch, num_steps: int) -> Iterator[torch.Tensor]:
+def input_features(model: Eagle3Draft, batch: Batch) -> torch.Tensor:
+    """The batch's features the head reads: [B, T, num_aux * Ht] aux states, or [B, T, Ht]."""
+    return batch.aux if model.cfg.use_aux_hidden_state else batch.final
+
+
+def add_feature_noise(model: Eagle3Draft, features: torch.Tensor, scale: float,
+                      generator: torch.Generator) -> torch.Tensor:
+    """features [B, T, A * W] (A aux chunks, or A = 1 for an aux-off head) plus Gaussian noise of
+    standard deviation `scale` times the RMS of each token's chunk."""
+    chunks = model.cfg.num_aux if model.cfg.use_aux_hidden_state else 1
+    x = features.unflatten(-1, (chunks, -1))  # [B, T, A, W]
+    rms = x.float().pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, A, 1]
+    eps = torch.randn(x.shape, generator=generator, device=x.device)  # [B, T, A, W] float32
+    return (x + (scale * rms * eps).to(x.dtype)).flatten(-2)
+
+
+def ttt_hidden(model: Eagle3Draft, batch: Batch, num_steps: int,
+               features: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
     """Yield the draft's pre-norm hidden [B, T, Hd] after each TTT step; step k at position t
-    consumes token t+k+1 (teacher-forced) and predicts token t+k+2."""
+    consumes token t+k+1 (teacher-forced) and predicts token t+k+2. The next step reads this
+    hidden back, or norm(h) with `model.cfg.norm_output` (as `Eagle3Draft.forward` recycles
+    it). `features`: the input in place of `input_features(model, batch)` (noised ones)."""
     B, T = batch.ids.shape
-    h = model.project(batch.aux if model.cfg.use_aux_hidden_state else batch.final)
+    x = model.project(input_features(model, batch) if features is None else features)
     kv = [([], []) for _ in model.layers]
     base_pos = torch.arange(T, device=batch.ids.device)[None].expand(B, T)
     for k in range(num_steps):
         ids = F.pad(batch.ids[:, k + 1:], (0, k + 1))
-        embeds = model.embed_tokens(ids).to(h.dtype)
+        embeds = model.embed_tokens(ids).to(x.dtype)
+        h = x
         for layer, cache in zip(model.layers, kv):
             h = layer_step(layer, model, h, embeds, base_pos + k, cache)
         yield h
+        x = model.norm(h) if model.cfg.norm_output else h  # [B, T, Hd] the next step's input
 
 
-def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params: TrainParams
+def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params: TrainParams,
+             recipe: Recipe = Recipe(), noise: torch.Generator | None = None
              ) -> tuple[torch.Tensor, list[float], list[float]]:
-    """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax)."""
+    """-> (weighted loss, per-step loss, per-step top-1 accuracy vs the target argmax over the
+    `batch.valid` positions, whatever `recipe.mask_outside_vocab` scores). `noise` draws the
+    recipe's feature noise: training passes one (`train_step`); None (evaluation) adds none."""
     K = min(params.ttt_length, batch.ids.shape[1] - 2)
     hot = model.hot_ids
+    features = None
+    if noise is not None and recipe.feature_noise:
+        features = add_feature_noise(model, input_features(model, batch), recipe.feature_noise,
+                                     noise)
     total, losses, accs = 0.0, [], []
-    for k, h in enumerate(ttt_hidden(model, batch, K)):
+    for k, h in enumerate(ttt_hidden(model, batch, K, features)):
         shift = k + 1  # step k's output at position t is scored against the target at t+k+1
         valid = F.pad(batch.valid[:, shift:], (0, shift))  # [B, T]
-        final = F.pad(batch.final[:, shift:], (0, 0, 0, shift))[valid]  # [n, Ht]
-        logits = model.lm_head(model.norm(h[valid])).float()  # [n, Vd] only where scored
+        scored = valid if recipe.mask_outside_vocab else F.pad(batch.response[:, shift:],
+                                                               (0, shift))  # [B, T]
+        final = F.pad(batch.final[:, shift:], (0, 0, 0, shift))[scored]  # [n, Ht]
+        logits = model.lm_head(model.norm(h[scored])).float()  # [n, Vd] only where scored
         with torch.no_grad():
             p = torch.softmax((final.to(target_head.dtype) @ target_head.T).float(), -1)
-        n = max(int(valid.sum()), 1)
+        n = max(int(scored.sum()), 1)
         # -(p * log_softmax(logits)).sum() with rows of p summing to 1, without building the
         # [n, Vd] log-probabilities (on the CPU each such tensor costs page faults)
         loss_k = (torch.logsumexp(logits, -1).sum() - torch.dot(p.flatten(), logits.flatten())) / n
+        if recipe.tv_weight:
+            q = torch.softmax(logits, -1)  # [n, Vd]
+            loss_k = loss_k + recipe.tv_weight * (1 - torch.minimum(p, q).sum(-1)).sum() / n
         total = total + params.step_decay ** k * loss_k
-        target_tok = F.pad(batch.argmax[:, shift:], (0, shift))[valid]
+        target_tok = F.pad(batch.argmax[:, shift:], (0, shift))[scored]  # [n]
+        hit = (hot[logits.argmax(-1)] == target_tok)[valid[scored]]  # [n_valid]
         losses.append(float(loss_k.detach()))
-        accs.append(float((hot[logits.argmax(-1)] == target_tok).sum()) / n)
+        accs.append(float(hit.sum()) / max(int(valid.sum()), 1))
     return total, losses, accs
+
+
+@torch.no_grad()
+def step_accuracy(model: Eagle3Draft, batches: Iterable[Batch], target_head: torch.Tensor,
+                  params: TrainParams) -> list[float]:
+    """Top-1 accuracy per TTT step over the `valid` positions of `batches` as `ttt_loss` counts
+    it (no feature noise; bf16 autocast as in training), each batch weighed by its positions."""
+    hits, counts = [0.0] * params.ttt_length, [0] * params.ttt_length
+    for batch in batches:
+        with torch.autocast(batch.ids.device.type, dtype=torch.bfloat16):
+            _, _, accs = ttt_loss(model, batch, target_head, params)
+        for k, a in enumerate(accs):  # step k scores the valid positions from k+1 on
+            w = int(batch.valid[:, k + 1:].sum())
+            hits[k] += a * w
+            counts[k] += w
+    return [h / max(c, 1) for h, c in zip(hits, counts)]
 
 
 def lr_at(step: int, total: int, params: TrainParams) -> float:
@@ -182,13 +265,14 @@ def lr_at(step: int, total: int, params: TrainParams) -> float:
 
 
 def train_step(model: Eagle3Draft, opt: torch.optim.Optimizer, trainable: list[torch.Tensor],
-               batch: Batch, target_head: torch.Tensor, params: TrainParams, lr: float
+               batch: Batch, target_head: torch.Tensor, params: TrainParams, lr: float,
+               recipe: Recipe = Recipe(), noise: torch.Generator | None = None
                ) -> tuple[torch.Tensor, list[float], list[float]]:
     """One optimizer step (bf16 autocast on the batch's device) -> `ttt_loss`'s results."""
     for g in opt.param_groups:
         g["lr"] = lr
     with torch.autocast(batch.ids.device.type, dtype=torch.bfloat16):
-        loss, losses, accs = ttt_loss(model, batch, target_head, params)
+        loss, losses, accs = ttt_loss(model, batch, target_head, params, recipe, noise)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
@@ -206,20 +290,43 @@ def new_optimizer(model: Eagle3Draft, params: TrainParams
 
 @dataclass
 class Head:
-    """One head being trained: its model, optimizer and log rows."""
+    """One head being trained: its model, optimizer, recipe, log rows and, with held-out
+    evaluation, its best state so far."""
     name: str
     model: Eagle3Draft
     opt: torch.optim.Optimizer
     trainable: list[torch.Tensor]
     target_head: torch.Tensor  # [Vd, Ht] bf16 target lm_head rows of the draft vocabulary
     log: list[dict]
+    recipe: Recipe = Recipe()
+    best_step: int = 0  # step of the best held-out score (0: not evaluated yet)
+    best_score: float = -1.0
+    best_state: dict[str, torch.Tensor] | None = None  # `head_state` at best_step
 
 
-def new_head(name: str, model: Eagle3Draft, target_lm_head: torch.Tensor, params: TrainParams
-             ) -> Head:
+def new_head(name: str, model: Eagle3Draft, target_lm_head: torch.Tensor, params: TrainParams,
+             recipe: Recipe = Recipe()) -> Head:
     opt, trainable = new_optimizer(model, params)
     return Head(name, model, opt, trainable,
-                target_lm_head[model.hot_ids].to(torch.bfloat16), [])
+                target_lm_head[model.hot_ids].to(torch.bfloat16), [], recipe)
+
+
+def head_state(model: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """A copy of the head's own tensors (all but the shared, frozen embedding)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()
+            if not k.startswith("embed_tokens")}
+
+
+def evaluate_heldout(head: Head, batches: list[Batch], params: TrainParams, step: int) -> dict:
+    """Score `head` on the held-out batches, keep its state when the score is its best so far
+    -> the log entries {heldout_acc: per-step accuracy, heldout_score: their step_decay^k-
+    weighted mean}."""
+    accs = step_accuracy(head.model, batches, head.target_head, params)
+    weights = [params.step_decay ** k for k in range(len(accs))]
+    score = sum(w * a for w, a in zip(weights, accs)) / sum(weights)
+    if score > head.best_score:
+        head.best_step, head.best_score, head.best_state = step, score, head_state(head.model)
+    return {"heldout_acc": accs, "heldout_score": score}
 
 
 def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]], Batch],
@@ -227,12 +334,26 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
     """Train every head in place on the same batches (fp32 master weights, bf16 autocast).
     `make_batch(indices)` builds a step's `Batch` from sequence indices (cached features or a
     target forward). Resumes from `run_dir/checkpoint.pt`; stops early, checkpointed, once
-    `time.time()` passes `deadline`. Returns True when the schedule is complete."""
+    `time.time()` passes `deadline`. Returns True when the schedule is complete.
+
+    With `params.holdout` = N > 0, N sequences drawn by the seed never enter a training batch;
+    every `params.eval_every` steps and at the end of the schedule each head's `step_accuracy`
+    on them is logged in that step's row (`evaluate_heldout`) and its best-scoring state kept,
+    in the checkpoint too; on return each evaluated head's model holds its best state."""
+    if not 0 <= params.holdout < len(lengths):
+        raise ConfigError(f"--holdout {params.holdout} must be >= 0 and leave some of the "
+                          f"{len(lengths)} conversations to train on")
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(params.seed)
     rng = random.Random(params.seed)
+    held = set(random.Random(params.seed).sample(range(len(lengths)), params.holdout))
+    kept = [i for i in range(len(lengths)) if i not in held]  # training sequences
+    held_idx = sorted(held)
+    held_batches = [make_batch([held_idx[j] for j in g]) for g in group_batches(
+        [lengths[i] for i in held_idx], params.tokens_per_batch, random.Random(0))]
+    kept_lengths = [lengths[i] for i in kept]
     epochs = math.ceil(params.epochs)
-    per_epoch = len(group_batches(lengths, params.tokens_per_batch, random.Random(0)))
+    per_epoch = len(group_batches(kept_lengths, params.tokens_per_batch, random.Random(0)))
     total_steps = int(per_epoch * params.epochs)
     ckpt = run_dir / "checkpoint.pt"
     logs = {h.name: run_dir / f"train_log_{h.name}.jsonl" for h in heads}
@@ -243,37 +364,53 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
         if missing:
             raise ConfigError(f"{ckpt} holds no state for heads {missing} (another run or an "
                               "older format): remove it or use another --work-dir")
+        if state.get("holdout", 0) != params.holdout:
+            raise ConfigError(f"{ckpt} was trained with --holdout {state.get('holdout', 0)}, "
+                              f"not {params.holdout}: use the same or another --work-dir")
         step, total_steps, budget_set = state["step"], state["total_steps"], state["budget_set"]
         for h in heads:
-            h.model.load_state_dict(state["heads"][h.name]["model"], strict=False)
-            h.opt.load_state_dict(state["heads"][h.name]["opt"])
+            saved = state["heads"][h.name]
+            h.model.load_state_dict(saved["model"], strict=False)
+            h.opt.load_state_dict(saved["opt"])
+            if "best_state" in saved:
+                h.best_step, h.best_score = saved["best_step"], saved["best_score"]
+                h.best_state = saved["best_state"]
             # a run stopped before its first step has a checkpoint but no log yet
             text = logs[h.name].read_text() if logs[h.name].exists() else ""
             h.log = [r for r in (json.loads(x) for x in text.split("\n")
                                  if x.strip()) if r["step"] <= step]  # later rows are redone
             logs[h.name].write_text("".join(json.dumps(r) + "\n" for r in h.log))
 
+    def head_checkpoint(h: Head) -> dict:
+        best = {} if h.best_state is None else {
+            "best_step": h.best_step, "best_score": h.best_score, "best_state": h.best_state}
+        return {"model": h.model.state_dict(), "opt": h.opt.state_dict(), **best}
+
     def save() -> None:
         torch.save({"step": step, "total_steps": total_steps, "budget_set": budget_set,
-                    "heads": {h.name: {"model": h.model.state_dict(), "opt": h.opt.state_dict()}
-                              for h in heads}}, ckpt.with_suffix(".tmp"))
+                    "holdout": params.holdout,
+                    "heads": {h.name: head_checkpoint(h) for h in heads}},
+                   ckpt.with_suffix(".tmp"))
         ckpt.with_suffix(".tmp").rename(ckpt)
 
     t0 = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {run_dir.name}")
     for epoch in range(epochs):
-        groups = group_batches(lengths, params.tokens_per_batch, rng)
+        groups = group_batches(kept_lengths, params.tokens_per_batch, rng)
         for i, group in enumerate(groups):
             if epoch * per_epoch + i < step:
                 continue
             if step >= total_steps or (deadline is not None and time.time() > deadline):
                 break
-            batch = make_batch(group)
+            batch = make_batch([kept[j] for j in group])
             lr = lr_at(step, total_steps, params)
             rows = []
             for h in heads:
+                # the same draws for every head (a common-noise A/B), redrawn alike on resume
+                noise = torch.Generator(batch.ids.device).manual_seed(
+                    1_000_003 * params.seed + step)
                 loss, losses, accs = train_step(h.model, h.opt, h.trainable, batch,
-                                                h.target_head, params, lr)
+                                                h.target_head, params, lr, h.recipe, noise)
                 rows.append({"step": step + 1, "epoch": epoch, "loss": float(loss),
                              "step_loss": losses, "step_acc": accs, "lr": lr,
                              "tokens": int(batch.valid.sum()),
@@ -286,6 +423,10 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
                 left = params.max_minutes * 60 - (time.perf_counter() - t0)
                 total_steps = max(step + 1, min(total_steps, step + int(left / per_step)))
                 bar.total, budget_set = total_steps, True
+            if held_batches and (step == total_steps or (
+                    params.eval_every and step % params.eval_every == 0)):
+                for h, row in zip(heads, rows):
+                    row.update(evaluate_heldout(h, held_batches, params, step))
             for h, row in zip(heads, rows):
                 h.log.append(row)
                 with logs[h.name].open("a") as f:
@@ -296,4 +437,7 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
                 save()
     bar.close()
     save()
+    for h in heads:
+        if h.best_state is not None:
+            h.model.load_state_dict(h.best_state, strict=False)
     return step >= total_steps
