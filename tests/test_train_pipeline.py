@@ -555,3 +555,30 @@ def test_teacher_forced_rows_score_the_conversations_own_text(tmp_path: Path) ->
                  "--work-dir", str(work), "--teacher-forced", str(path), "--no-generate"]) == 0
     assert not (work / "responses.jsonl").exists()
     assert "| 5 teacher-forced conversations" in (tmp_path / "head" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_training_computes_in_bf16_only_where_it_is_native(tiny_target, monkeypatch,  # noqa: ANN001
+                                                           native: bool) -> None:
+    """Autocast to bf16 where bf16 products are native, float32 elsewhere (an AVX2-only CPU
+    emulates them: a training step took 20x longer); either way a step runs on the bf16 cached
+    features and moves the weights."""
+    import copy
+
+    from eagle_engine.train import trainer
+
+    monkeypatch.setattr(trainer, "native_bf16", lambda device: native)
+    cpu = torch.device("cpu")
+    assert trainer.train_dtype(cpu) == (torch.bfloat16 if native else torch.float32)
+    cast = trainer.autocast(cpu)
+    assert cast._enabled is native and (not native or cast.fast_dtype == torch.bfloat16)
+    head = random_head(tiny_target.cfg, seed=5, draft_vocab=40)
+    batch = loss_batch(tiny_target, head)
+    batch.aux, batch.final = batch.aux.to(torch.bfloat16), batch.final.to(torch.bfloat16)
+    model = copy.deepcopy(head)
+    h = trainer.new_head("h", model, tiny_target.lm_head.weight.detach(), TrainParams())
+    assert h.target_head.dtype == trainer.train_dtype(cpu)
+    loss, _, _ = trainer.train_step(model, h.opt, h.trainable, batch, h.target_head,
+                                    TrainParams(ttt_length=3), 1e-3)
+    assert torch.isfinite(loss)
+    assert not torch.equal(model.fc.weight, head.fc.weight)

@@ -26,7 +26,7 @@ from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, resolve_target
 from ..models.target import TargetModel
 from .features import extract, load_samples
-from .trainer import TrainParams, collate, group_batches, step_accuracy
+from .trainer import TrainParams, collate, group_batches, step_accuracy, train_dtype
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +56,7 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
     hot = model.hot_ids
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
     in_vocab[hot] = True
-    target_head = target.lm_head.weight[hot].to(torch.bfloat16)
+    target_head = target.lm_head.weight[hot].to(train_dtype(target.lm_head.weight.device))
     params = TrainParams(ttt_length=ttt_length)
     lengths = [s.ids.numel() for s in samples]
     batches = [collate(samples, group, in_vocab)
@@ -73,7 +73,7 @@ def cmd_eval_head(args: argparse.Namespace) -> None:
 
     rows = load_rows(args.prompts, args.limit)
     directory = resolve_target(args.target)
-    target = load_target(directory, torch.bfloat16, "cpu", 2048)
+    target = load_target(directory, train_dtype(torch.device("cpu")), "cpu", 2048)
     tokenizer = load_tokenizer(directory)
     head = head_source(args.draft)
     model = load_draft(head, target.cfg, target.embed_tokens, target.lm_head, 4096,

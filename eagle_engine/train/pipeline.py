@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, DraftConfig, parse_dtype
+from ..config import ConfigError, DraftConfig
 from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
 from .data import answer_ids, copy_responses, generate_responses, select_prompts, teacher_rows
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
-from .trainer import Batch, Recipe, TrainParams, collate, new_head, train
+from .trainer import Batch, Recipe, TrainParams, collate, new_head, train, train_dtype
 from .vocab import coverage_table, select_vocab, token_counts
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     directory = resolve_target(args.target)
-    target = load_target(directory, parse_dtype("bf16"), args.device, 2048)
+    # bf16 where native, else float32 (AVX2: a bf16 forward cost 2.4x float32's)
+    target = load_target(directory, train_dtype(torch.device(args.device)), args.device, 2048)
     tokenizer = load_tokenizer(directory)
     responses = work / "responses.jsonl"
     if args.responses is not None and not responses.exists():

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import ConfigError
+from ..config import ConfigError, native_bf16
 from ..models.draft_model import DraftLayer, Eagle3Draft
 from .features import Sample
 
@@ -191,7 +191,8 @@ def ttt_hidden(model: Eagle3Draft, batch: Batch, num_steps: int,
     hidden back, or norm(h) with `model.cfg.norm_output` (as `Eagle3Draft.forward` recycles
     it). `features`: the input in place of `input_features(model, batch)` (noised ones)."""
     B, T = batch.ids.shape
-    x = model.project(input_features(model, batch) if features is None else features)
+    features = input_features(model, batch) if features is None else features  # cached in bf16
+    x = model.project(features.to(model.lm_head.weight.dtype))
     kv = [([], []) for _ in model.layers]
     base_pos = torch.arange(T, device=batch.ids.device)[None].expand(B, T)
     for k in range(num_steps):
@@ -245,16 +246,29 @@ def ttt_loss(model: Eagle3Draft, batch: Batch, target_head: torch.Tensor, params
 def step_accuracy(model: Eagle3Draft, batches: Iterable[Batch], target_head: torch.Tensor,
                   params: TrainParams) -> list[float]:
     """Top-1 accuracy per TTT step over the `valid` positions of `batches` as `ttt_loss` counts
-    it (no feature noise; bf16 autocast as in training), each batch weighed by its positions."""
+    it (no feature noise; `autocast` as in training), each batch weighed by its positions."""
     hits, counts = [0.0] * params.ttt_length, [0] * params.ttt_length
     for batch in batches:
-        with torch.autocast(batch.ids.device.type, dtype=torch.bfloat16):
+        with autocast(batch.ids.device):
             _, _, accs = ttt_loss(model, batch, target_head, params)
         for k, a in enumerate(accs):  # step k scores the valid positions from k+1 on
             w = int(batch.valid[:, k + 1:].sum())
             hits[k] += a * w
             counts[k] += w
     return [h / max(c, 1) for h, c in zip(hits, counts)]
+
+
+def train_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where its products are native (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on
+    an AVX2-only CPU one bf16-autocast step of 2048 tokens ran over 10 minutes, float32 27 s
+    (docs/results.md, section 7)."""
+    return torch.bfloat16 if native_bf16(str(device)) else torch.float32
+
+
+def autocast(device: torch.device) -> torch.autocast:
+    """The training and evaluation autocast: to `train_dtype`, off where that is float32."""
+    dtype = train_dtype(device)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def lr_at(step: int, total: int, params: TrainParams) -> float:
@@ -268,10 +282,10 @@ def train_step(model: Eagle3Draft, opt: torch.optim.Optimizer, trainable: list[t
                batch: Batch, target_head: torch.Tensor, params: TrainParams, lr: float,
                recipe: Recipe = Recipe(), noise: torch.Generator | None = None
                ) -> tuple[torch.Tensor, list[float], list[float]]:
-    """One optimizer step (bf16 autocast on the batch's device) -> `ttt_loss`'s results."""
+    """One optimizer step (`autocast` on the batch's device) -> `ttt_loss`'s results."""
     for g in opt.param_groups:
         g["lr"] = lr
-    with torch.autocast(batch.ids.device.type, dtype=torch.bfloat16):
+    with autocast(batch.ids.device):
         loss, losses, accs = ttt_loss(model, batch, target_head, params, recipe, noise)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -296,7 +310,7 @@ class Head:
     model: Eagle3Draft
     opt: torch.optim.Optimizer
     trainable: list[torch.Tensor]
-    target_head: torch.Tensor  # [Vd, Ht] bf16 target lm_head rows of the draft vocabulary
+    target_head: torch.Tensor  # [Vd, Ht] target lm_head rows of the draft vocabulary, train_dtype
     log: list[dict]
     recipe: Recipe = Recipe()
     best_step: int = 0  # step of the best held-out score (0: not evaluated yet)
@@ -308,7 +322,7 @@ def new_head(name: str, model: Eagle3Draft, target_lm_head: torch.Tensor, params
              recipe: Recipe = Recipe()) -> Head:
     opt, trainable = new_optimizer(model, params)
     return Head(name, model, opt, trainable,
-                target_lm_head[model.hot_ids].to(torch.bfloat16), [], recipe)
+                target_lm_head[model.hot_ids].to(train_dtype(target_lm_head.device)), [], recipe)
 
 
 def head_state(model: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -331,7 +345,7 @@ def evaluate_heldout(head: Head, batches: list[Batch], params: TrainParams, step
 
 def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]], Batch],
           run_dir: Path, params: TrainParams, deadline: float | None = None) -> bool:
-    """Train every head in place on the same batches (fp32 master weights, bf16 autocast).
+    """Train every head in place on the same batches (fp32 master weights, `autocast`).
     `make_batch(indices)` builds a step's `Batch` from sequence indices (cached features or a
     target forward). Resumes from `run_dir/checkpoint.pt`; stops early, checkpointed, once
     `time.time()` passes `deadline`. Returns True when the schedule is complete.
