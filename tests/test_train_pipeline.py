@@ -263,6 +263,17 @@ def test_heldout_accuracy_scores_every_answer_token(tiny_target) -> None:
     assert heldout_accuracy(half, tiny_target, prompts, (2,), 10, 3)[2] == pytest.approx(share)
 
 
+def tiny_training_data(tmp_path: Path) -> tuple:
+    """A tiny target, 12 `tiny_rows` conversations, its aux ids, and a draft vocabulary of every
+    other token (ids [Vd], mask [V])."""
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
+    hot = torch.arange(0, target.cfg.vocab_size, 2)
+    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    in_vocab[hot] = True
+    return (target, tiny_rows(target.cfg.vocab_size, n=12), target.cfg.default_aux_layer_ids(),
+            hot, in_vocab)
+
+
 def tiny_rows(vocab: int, n: int = 6, seed: int = 0) -> list[dict]:
     """Conversations of random ids with prompts and responses of varied lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -313,12 +324,7 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     from eagle_engine.train.online import online_batch
     from eagle_engine.train.pipeline import draft_config
 
-    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
-    rows = tiny_rows(target.cfg.vocab_size, n=12)
-    aux_ids = target.cfg.default_aux_layer_ids()
-    hot = torch.arange(0, target.cfg.vocab_size, 2)
-    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
-    in_vocab[hot] = True
+    target, rows, aux_ids, hot, in_vocab = tiny_training_data(tmp_path)
     recipes = variant == "recipes+holdout"
     # an lr so high that the held-out accuracy peaks early
     extra = {"holdout": 3, "eval_every": 2, "lr": 0.03} if recipes else {}
@@ -431,12 +437,7 @@ def test_holdout_writes_the_best_state_of_a_normout_head(tmp_path: Path) -> None
     from eagle_engine.train.online import online_batch
     from eagle_engine.train.pipeline import draft_config, head_specs, write_card
 
-    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 256)
-    rows = tiny_rows(target.cfg.vocab_size, n=12)
-    aux_ids = target.cfg.default_aux_layer_ids()
-    hot = torch.arange(0, target.cfg.vocab_size, 2)
-    in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
-    in_vocab[hot] = True
+    target, rows, aux_ids, hot, in_vocab = tiny_training_data(tmp_path)
     params = trainer.TrainParams(epochs=2, ttt_length=3, tokens_per_batch=64, warmup_steps=2,
                                  lr=0.03, holdout=3, eval_every=1)
     spec, = head_specs(argparse.Namespace(heads="best:1:aux:normout", out=tmp_path))
