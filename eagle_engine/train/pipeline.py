@@ -382,7 +382,7 @@ Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench
 
 
 def data_line(args: argparse.Namespace, rows: list[dict]) -> str:
-    taught = sum(r["temperature"] is None for r in rows)
+    taught = sum("temperature" in r and r["temperature"] is None for r in rows)
     parts = [f"{len(rows) - taught} self-distilled responses to prompts of `{args.prompts.name}`"
              ] if len(rows) > taught else []
     if taught:
