@@ -556,6 +556,9 @@ def test_teacher_forced_rows_score_the_conversations_own_text(tmp_path: Path) ->
                  "--work-dir", str(work), "--teacher-forced", str(path), "--no-generate"]) == 0
     assert not (work / "responses.jsonl").exists()
     assert "| 5 teacher-forced conversations" in (tmp_path / "head" / "README.md").read_text()
+    assert main(["train", "--quick", "--prompts", str(DATA), "--out", str(tmp_path / "h2"),
+                 "--work-dir", str(tmp_path / "w2"), "--teacher-forced", str(tmp_path / "none"),
+                 "--no-generate"]) == 2
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -276,7 +276,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
     if args.teacher_forced is not None:
         rows += teacher_rows(args.teacher_forced, tokenizer, args.teacher_limit, args.seed,
                              max_tokens=MAX_TOKENS)
-    log.info("%d responses, generated in %.1f min", len(rows), (time.perf_counter() - t0) / 60)
+    if not rows:
+        raise ConfigError(f"nothing to train on: no answers in {responses} for the {len(prompts)} "
+                          "prompts selected, and no --teacher-forced conversations")
+    log.info("%d training rows, ready in %.1f min", len(rows), (time.perf_counter() - t0) / 60)
     aux_ids = target.cfg.default_aux_layer_ids()
     counts = token_counts([r["response_ids"] for r in rows])
     coverage = coverage_table(counts, VOCAB_SIZES)
