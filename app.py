@@ -28,13 +28,8 @@ from typing import Any, TypeVar
 import gradio as gr
 
 from eagle_engine import ui_render as ui
-from eagle_engine.config import (
-    CONTEXT_DRAFTS,
-    ConfigError,
-    EngineConfig,
-    SamplingParams,
-    TreeParams,
-)
+from eagle_engine.config import (CONTEXT_DRAFTS, ConfigError, EngineConfig, SamplingParams,
+                                 TreeParams)
 from eagle_engine.events import StepEvent
 from eagle_engine.scheduler import Scheduler
 from eagle_engine.speed_estimate import Estimate, PlainRate, estimate, measure

@@ -168,7 +168,7 @@ class EagleEngine:
         return GenerationResult(text, ids, last.finished or "length", stats, events)
 
     def check_request(self, prompt_ids: list[int], tree: TreeParams | None,
-                       head: str | None) -> None:
+                      head: str | None) -> None:
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
         if head is not None and head not in self.heads:

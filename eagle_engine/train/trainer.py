@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import ConfigError, native_bf16
+from ..config import ConfigError, parse_dtype, resolve_dtype
 from ..models.draft_model import DraftLayer, Eagle3Draft
 from .features import Sample
 
@@ -259,10 +259,10 @@ def step_accuracy(model: Eagle3Draft, batches: Iterable[Batch], target_head: tor
 
 
 def train_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where its products are native (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on
-    an AVX2-only CPU one bf16-autocast step of 2048 tokens ran over 10 minutes, float32 27 s
-    (docs/results.md, section 7)."""
-    return torch.bfloat16 if native_bf16(str(device)) else torch.float32
+    """The engine's 'auto' dtype (`config.resolve_dtype`): bf16 where its products are native
+    (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on an AVX2-only CPU one bf16-autocast
+    step of 2048 tokens ran over 10 minutes, float32 27 s (docs/results.md, section 14)."""
+    return parse_dtype(resolve_dtype("auto", str(device)))
 
 
 def autocast(device: torch.device) -> torch.autocast:
