@@ -6,10 +6,14 @@ codes; a row computed with others equals that row computed alone, bit for bit. Q
 minimums; on the bundled target every decoder linear and the lm_head come back exactly. The
 fused decoder equals the Python layers (its reference); an engine with q4 weights keeps greedy
 speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
-every commit; bad input is refused with the values named.
+every commit; bad input is refused with the values named. A build lock left by a killed build
+is removed at the next start, and a live build is waited for.
 """
 from __future__ import annotations
 
+import fcntl
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,3 +219,29 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
     for got, want in zip(outs[0], outs[1]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[0], caches[1], rtol=1e-4, atol=1e-5)
+
+
+def _load_in_a_new_process() -> subprocess.Popen[bytes]:
+    code = "from eagle_engine.kernels import cpu_lowbit; cpu_lowbit.load()"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_start() -> None:
+    cpu_lowbit.load()  # built here, so the new process only loads
+    stale = cpu_lowbit.build_dir(cpu_lowbit.FLAGS) / "lock"
+    stale.touch()  # what torch's builder leaves when its process is killed mid-build
+    try:
+        assert _load_in_a_new_process().wait(timeout=120) == 0
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+
+
+def test_a_live_build_is_waited_for() -> None:
+    cpu_lowbit.load()
+    with open(cpu_lowbit.build_dir(cpu_lowbit.FLAGS) / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # another process building
+        proc = _load_in_a_new_process()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=8)
+    assert proc.wait(timeout=120) == 0

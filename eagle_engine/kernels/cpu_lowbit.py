@@ -9,12 +9,16 @@ and multiply in integers with AVX2, each weight block loaded once for up to 4 ac
 every row gets the bits it would get alone. `load()` compiles them with
 `torch.utils.cpp_extension` for this machine (`-march=native`) into the user cache, in a folder
 keyed by the torch version, the compiler flags, the source and the CPU's vector flags, so a
-later start only loads the built module. The `*_reference` functions compute the same product
+later start only loads the built module. torch's builder marks a build with a `lock` file that a
+killed build leaves behind, and every later start would wait on it forever; `load()` therefore
+builds under an OS file lock (`flock`, released when its process dies), and a `lock` file found
+while holding it belongs to no live build and is removed. The `*_reference` functions compute the same product
 in float64 from the dequantized weight and the dequantized int8 activations: the tests hold
 the kernels to them. Not here: packing a model's weights (`models/cpu_lowbit.py`).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import time
@@ -57,13 +61,20 @@ def load() -> ModuleType:
     t0 = time.perf_counter()
     if fresh:
         log.info("building the CPU low-bit kernels in %s (first start only)", out)
-    try:
-        module = load_extension("eagle_cpu_lowbit", [str(SOURCE)], extra_cflags=FLAGS,
-                                extra_ldflags=["-fopenmp"], build_directory=str(out),
-                                verbose=False)
-    except (RuntimeError, OSError, ImportError) as e:
-        raise ConfigError(f"building the q4 CPU kernels in {out} failed ({e}); choose "
-                          "--weights dense, or install g++, ninja and the Python headers") from e
+    with open(out / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # waits while another process builds; freed if it dies
+        stale = out / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a build that was stopped", stale)
+            stale.unlink()
+        try:
+            module = load_extension("eagle_cpu_lowbit", [str(SOURCE)], extra_cflags=FLAGS,
+                                    extra_ldflags=["-fopenmp"], build_directory=str(out),
+                                    verbose=False)
+        except (RuntimeError, OSError, ImportError) as e:
+            raise ConfigError(f"building the q4 CPU kernels in {out} failed ({e}); choose "
+                              "--weights dense, or install g++, ninja and the Python headers"
+                              ) from e
     if fresh:
         log.info("built the CPU low-bit kernels in %.1fs", time.perf_counter() - t0)
     return module
