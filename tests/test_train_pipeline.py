@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
+from eagle_engine.models.target import TargetModel
 from eagle_engine.train.pipeline import inherited_vocab, init_head
 from eagle_engine.train.trainer import (Batch, Recipe, TrainParams, ttt_attention, ttt_hidden,
                                         ttt_loss)
@@ -195,23 +197,41 @@ def test_feature_noise_is_per_chunk_and_only_in_training(tiny_target) -> None:  
         assert (diff == 0) is same, diff
 
 
-def test_init_from_copies_lm_head_only_with_the_same_draft_vocab(tmp_path: Path) -> None:
-    """`--init-from` copies a trained head's tensors; its lm_head rows are indexed by draft id,
-    so they are copied only when the draft vocabulary (d2t) is the same."""
+def test_init_from_carries_lm_head_rows_id_by_id(tmp_path: Path) -> None:
+    """`--init-from` copies a trained head's tensors. Its lm_head rows are indexed by draft id:
+    a warm start of another vocabulary keeps each shared id's row, and a new id's row is the
+    target's row through the map from the target's rows to the trained ones (here an exact
+    linear map, recovered up to the ridge damping), not the bare target row."""
     target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 128)
-    source = random_head(target.cfg, seed=3, draft_vocab=32)
+    source = random_head(target.cfg, seed=3, draft_vocab=48)
+    mapping = torch.randn(32, 32) / 32 ** 0.5
+    with torch.no_grad():
+        source.lm_head.weight.copy_(target.lm_head.weight[source.hot_ids] @ mapping)
     save_draft(source, target.cfg, tmp_path / "src", 128, dtype=torch.float32)
-    for hot, same in ((source.hot_ids, True), (torch.arange(32), False)):
-        model = random_head(target.cfg, seed=4, draft_vocab=32).train()
+    counts = Counter({t: 100 - t for t in range(96)})  # lower ids more frequent
+    same = inherited_vocab(tmp_path / "src", counts, 48, 96)
+    grown = inherited_vocab(tmp_path / "src", counts, 64, 96)
+    shrunk = inherited_vocab(tmp_path / "src", counts, 16, 96)
+    assert torch.equal(same, source.hot_ids)
+    assert set(source.hot_ids.tolist()) < set(grown.tolist())
+    assert torch.equal(shrunk, source.hot_ids[:16])  # its 16 most frequent ids
+    for hot in (same, grown, shrunk):
+        model = random_head(target.cfg, seed=4, draft_vocab=hot.numel()).train()
         init_head(model, target, hot, tmp_path / "src")
         torch.testing.assert_close(model.layers[0].mlp.down_proj.weight,
                                    source.layers[0].mlp.down_proj.weight)
-        expected = source.lm_head.weight if same else target.lm_head.weight[hot]
-        torch.testing.assert_close(model.lm_head.weight, expected)
         assert torch.equal(model.hot_ids, hot)
-    # a warm start of the same size keeps the source's vocabulary; another size selects anew
-    assert torch.equal(inherited_vocab(tmp_path / "src", torch.arange(32)), source.hot_ids)
-    assert torch.equal(inherited_vocab(tmp_path / "src", torch.arange(16)), torch.arange(16))
+        shared = torch.isin(hot, source.hot_ids)
+        assert torch.equal(model.lm_head.weight[shared],
+                           source.lm_head.weight[torch.isin(source.hot_ids, hot)])
+    new = ~torch.isin(grown, source.hot_ids)
+    model = random_head(target.cfg, seed=4, draft_vocab=64)
+    init_head(model, target, grown, tmp_path / "src")
+    got = model.lm_head.weight[new].detach()  # [16, 32]
+    expected = target.lm_head.weight[grown[new]].detach() @ mapping
+    assert float((got - expected).norm() / expected.norm()) < 0.05
+    bare = target.lm_head.weight[grown[new]].detach()
+    assert float((got - bare).norm() / expected.norm()) > 0.5
 
 
 def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
@@ -243,24 +263,30 @@ def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
                                                  for r in rows]
 
 
-def test_heldout_accuracy_scores_every_answer_token(tiny_target) -> None:
+def test_heldout_accuracy_scores_every_answer_token(tiny_target: TargetModel,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """eval-head's measurement: one accuracy per TTT step, in [0, 1], over every generated answer
-    token except each answer's last (whose target lies past the end)."""
+    token except each answer's last (whose target lies past the end); with a smaller draft
+    vocabulary, over the tokens it holds, beside a lower accuracy over every answer token."""
     from eagle_engine.baseline import generate_batch
     from eagle_engine.train.evaluate import heldout_accuracy
 
     head = random_head(tiny_target.cfg, seed=1)
     prompts = [[1, 5, 9, 14], [1, 7, 3], [1, 20, 21, 22, 23, 24]]
-    accs, n, coverage = heldout_accuracy(head, tiny_target, prompts, (2,), 10, 3)
+    accs, every, n, coverage = heldout_accuracy(head, tiny_target, prompts, (2,), 10, 3)
     answers = generate_batch(tiny_target, prompts, SamplingParams(max_new_tokens=10), (2,))
     assert n == sum(len(a) - 1 for a in answers) > 0
     assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)
-    assert coverage == 1.0  # the whole vocabulary
+    assert coverage == 1.0 and every == accs  # the whole vocabulary
     half = random_head(tiny_target.cfg, seed=1, draft_vocab=48)
     tokens = [t for a in answers for t in a]
     share = sum(t in set(half.hot_ids.tolist()) for t in tokens) / len(tokens)
     assert 0.0 < share < 1.0
-    assert heldout_accuracy(half, tiny_target, prompts, (2,), 10, 3)[2] == pytest.approx(share)
+    monkeypatch.setattr("eagle_engine.train.evaluate.step_accuracy", lambda *a: [1.0] * 3)
+    accs, every, n_half, coverage = heldout_accuracy(half, tiny_target, prompts, (2,), 10, 3)
+    assert coverage == pytest.approx(share) and n_half < n
+    # right on every token it holds: over every token, right as often as it holds the token
+    assert all(e == pytest.approx(share, abs=0.1) for e in every)
 
 
 def tiny_training_data(tmp_path: Path) -> tuple:

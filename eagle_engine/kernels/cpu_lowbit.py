@@ -12,9 +12,9 @@ keyed by the torch version, the compiler flags, the source and the CPU's vector 
 later start only loads the built module. torch's builder marks a build with a `lock` file that a
 killed build leaves behind, and every later start would wait on it forever; `load()` therefore
 builds under an OS file lock (`flock`, released when its process dies), and a `lock` file found
-while holding it belongs to no live build and is removed. The `*_reference` functions compute the same product
-in float64 from the dequantized weight and the dequantized int8 activations: the tests hold
-the kernels to them. Not here: packing a model's weights (`models/cpu_lowbit.py`).
+while holding it belongs to no live build and is removed. The `*_reference` functions compute
+the same product in float64 from the dequantized weight and the dequantized int8 activations:
+the tests hold the kernels to them. Not here: packing a model's weights (`models/cpu_lowbit.py`).
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 The target answers held-out prompts greedily, features are extracted as for training, and the
 head's per-step top-1 accuracy against the target (step 0 = first draft token, later steps fed
 their own outputs, as in training-time test) is computed by the trainer's own loss function
-(`trainer.step_accuracy`, as in training's held-out evaluation), beside how often the target's
-choice lies in the draft vocabulary at all.
+(`trainer.step_accuracy`, as in training's held-out evaluation) over the answer tokens whose
+target choice lies in the draft vocabulary, beside how often it does (the coverage) and the
+accuracy over every answer token, which compares heads of different draft vocabularies.
 Set beside the training log's accuracy it shows how much of a head's skill is memorized.
 Not here: speed or tree acceptance (`bench.py`).
 """
@@ -43,9 +44,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
 @torch.no_grad()
 def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list[int]],
                      eos_ids: tuple[int, ...], max_new_tokens: int, ttt_length: int
-                     ) -> tuple[list[float], int, float]:
-    """-> (top-1 accuracy per TTT step over the scored answer tokens, number of tokens, share of
-    the answer tokens, the target's greedy choices, that lie in the draft vocabulary)."""
+                     ) -> tuple[list[float], list[float], int, float]:
+    """-> (top-1 accuracy per TTT step over the scored answer tokens, the same over every answer
+    token, number of scored tokens, share of the answer tokens, the target's greedy choices, that
+    lie in the draft vocabulary)."""
     answers = generate_batch(target, prompts, SamplingParams(max_new_tokens=max_new_tokens),
                              eos_ids)
     rows = [{"prompt_ids": p, "response_ids": a} for p, a in zip(prompts, answers)]
@@ -64,7 +66,11 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
     n = sum(int(b.valid.sum()) for b in batches)
     tokens = torch.tensor([t for a in answers for t in a], dtype=torch.long)
     coverage = float(in_vocab[tokens].float().mean()) if tokens.numel() else 0.0
-    return step_accuracy(model, batches, target_head, params), n, coverage
+    accs = step_accuracy(model, batches, target_head, params)
+    every = [a * sum(int(b.valid[:, k + 1:].sum()) for b in batches)
+             / max(sum(int(b.response[:, k + 1:].sum()) for b in batches), 1)
+             for k, a in enumerate(accs)]  # a miss wherever the choice lies outside the vocab
+    return accs, every, n, coverage
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:
@@ -81,8 +87,9 @@ def cmd_eval_head(args: argparse.Namespace) -> None:
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": r["turns"][0]}])
                for r in rows]
     eos = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
-    accs, n, coverage = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens,
+    accs, every, n, coverage = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens,
                                          args.ttt_length)
     print(json.dumps({"head": str(head), "prompts": len(prompts), "scored_tokens": n,
                       "step_accuracy": [round(a, 3) for a in accs],
+                      "step_accuracy_every_token": [round(a, 3) for a in every],
                       "draft_vocab_coverage": round(coverage, 4)}))

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from .data import answer_ids, copy_responses, generate_responses, select_prompts
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
 from .trainer import Batch, Recipe, TrainParams, collate, new_head, train, train_dtype
-from .vocab import coverage_table, select_vocab, token_counts
+from .vocab import carry_rows, coverage_table, select_vocab, token_counts
 
 log = logging.getLogger(__name__)
 VOCAB_SIZES = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -200,23 +201,34 @@ def draft_config(target_cfg, num_layers: int, use_aux: bool, vocab: int,  # noqa
         "eagle_config": {"use_aux_hidden_state": use_aux}})
 
 
-def inherited_vocab(init_from: Path, hot: torch.Tensor) -> torch.Tensor:
-    """A warm start keeps the trained head's draft vocabulary when it has the requested size
-    (its lm_head rows are indexed by draft id); otherwise the vocabulary selected from the data."""
-    src = normalize_names(read_tensors(weight_files(init_from, allow_pickle=False)))
+def source_vocab(src: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """A trained head's draft vocabulary (target ids of its lm_head rows), from its tensors."""
+    rows = src.get("lm_head.weight")
+    if rows is None:
+        return None
     d2t = src.get("d2t")
-    if d2t is None or d2t.numel() != hot.numel():
-        return hot
-    log.info("keeping the draft vocabulary of %s", init_from)
-    return torch.arange(d2t.numel()) + d2t.long()
+    offsets = d2t.long() if d2t is not None and d2t.numel() == rows.shape[0] else 0
+    return torch.arange(rows.shape[0]) + offsets
+
+
+def inherited_vocab(init_from: Path, counts: Counter, size: int, vocab_size: int
+                    ) -> torch.Tensor:
+    """A warm start's draft vocabulary: the trained head's ids (all when `size` holds them),
+    then the data's most frequent others (`select_vocab`)."""
+    keep = source_vocab(normalize_names(read_tensors(weight_files(init_from,
+                                                                  allow_pickle=False))))
+    if keep is not None:
+        log.info("keeping the %d ids of %s's draft vocabulary in %d", min(keep.numel(), size),
+                 init_from, size)
+    return select_vocab(counts, size, vocab_size, keep)
 
 
 @torch.no_grad()
 def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | None) -> None:  # noqa: ANN001
     """lm_head rows and final norm start as the target's own (so the head starts in the target's
     output space), residual branches of extra layers start at zero (identity), and `init_from`
-    copies every tensor of a trained head whose name and shape match; its lm_head only when its
-    draft vocabulary (`d2t`) is ours, since lm_head rows are indexed by draft id."""
+    copies every tensor of a trained head whose name and shape match; lm_head rows are indexed by
+    draft id, so they are carried over id by id (`carry_rows`), new ids mapped from the target's."""
     model.d2t.copy_(hot - torch.arange(hot.numel()))
     model.lm_head.weight.copy_(target.lm_head.weight[hot.to(target.device)].float())
     model.norm.weight.copy_(target.norm.weight.float())
@@ -227,10 +239,11 @@ def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | N
         return
     own = model.state_dict()
     src = normalize_names(read_tensors(weight_files(init_from, allow_pickle=False)))
-    src_d2t = src.pop("d2t", torch.zeros_like(model.d2t))
-    if not torch.equal(src_d2t, model.d2t):
-        log.warning("%s has another draft vocabulary: its lm_head is not copied", init_from)
-        src.pop("lm_head.weight", None)
+    src_hot = source_vocab(src)
+    if src_hot is not None:
+        rows = carry_rows(src.pop("lm_head.weight"), src_hot, hot, target.lm_head.weight.cpu())
+        model.lm_head.weight.copy_(rows)
+    src.pop("d2t", None)
     for name, t in src.items():
         if name in own and own[name].shape == t.shape:
             own[name].copy_(t.float())
@@ -283,9 +296,9 @@ def run_pipeline(args: argparse.Namespace) -> None:
     aux_ids = target.cfg.default_aux_layer_ids()
     counts = token_counts([r["response_ids"] for r in rows])
     coverage = coverage_table(counts, VOCAB_SIZES)
-    hot = select_vocab(counts, args.draft_vocab, target.cfg.vocab_size)
-    if args.init_from is not None:
-        hot = inherited_vocab(args.init_from, hot)
+    hot = (select_vocab(counts, args.draft_vocab, target.cfg.vocab_size)
+           if args.init_from is None else
+           inherited_vocab(args.init_from, counts, args.draft_vocab, target.cfg.vocab_size))
     params = TrainParams(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
                          ttt_length=args.ttt_length, tokens_per_batch=args.tokens_per_batch,
                          seed=args.seed, max_minutes=args.max_minutes,
