@@ -87,8 +87,8 @@ def cmd_eval_head(args: argparse.Namespace) -> None:
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": r["turns"][0]}])
                for r in rows]
     eos = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
-    accs, every, n, coverage = heldout_accuracy(model, target, prompts, eos, args.max_new_tokens,
-                                         args.ttt_length)
+    accs, every, n, coverage = heldout_accuracy(model, target, prompts, eos,
+                                                args.max_new_tokens, args.ttt_length)
     print(json.dumps({"head": str(head), "prompts": len(prompts), "scored_tokens": n,
                       "step_accuracy": [round(a, 3) for a in accs],
                       "step_accuracy_every_token": [round(a, 3) for a in every],
