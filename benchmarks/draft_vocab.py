@@ -53,9 +53,9 @@ def main() -> None:
     counts = token_counts([r["response_ids"] for r in rows if r["source"] != "alpaca_eval"])
     source = head_source(args.head)
     heads = {str(source): source}
+    base = load_draft(source, target.cfg, target.embed_tokens, target.lm_head, 4096,
+                      torch.float32)
     for size in map(int, args.sizes.split(",")):
-        base = load_draft(source, target.cfg, target.embed_tokens, target.lm_head, 4096,
-                          torch.float32)
         model = Eagle3Draft(dataclasses.replace(base.cfg, draft_vocab_size=size), 4096).float()
         hot = inherited_vocab(Path(source), counts, size, target.cfg.vocab_size)
         init_head(model, target, hot, Path(source))
