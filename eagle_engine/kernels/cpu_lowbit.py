@@ -5,8 +5,9 @@ the weights again for every 4 activation rows and is slow with fp32 activations,
 float activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels keep the
 weights in GGUF block formats (q4: Q4_1 codes with a scale and a minimum per 32 inputs; q8: Q8_0
 codes with a scale), quantize each activation row to int8 per block of 32 (as llama.cpp does)
-and multiply in integers with AVX2, each weight block loaded once for up to 4 activation rows;
-every row gets the bits it would get alone. `load()` compiles them with
+and multiply in integers with AVX2 (one `vpdpbusd` per 4 inputs where the CPU has
+AVX512-VNNI: the same integers, so the same bits), each weight block loaded once for up to 4
+activation rows; every row gets the bits it would get alone. `load()` compiles them with
 `torch.utils.cpp_extension` for this machine (`-march=native`) into the user cache, in a folder
 keyed by the torch version, the compiler flags, the source and the CPU's vector flags, so a
 later start only loads the built module. torch's builder marks a build with a `lock` file that a
