@@ -1,13 +1,17 @@
 """What do the q4 / q8 CPU kernels cost per number of activation rows, on the bundled target's
 shapes, with the weights in cache (compute, not memory)?
 
-    PYTHONPATH=. python benchmarks/lowbit_kernels.py [--threads 2] [--rows 1,2,4,8,16]
+    PYTHONPATH=. python benchmarks/lowbit_kernels.py [--threads 2] [--rows 1,2,4,8,16] \
+        [--compare-flags=-mno-avx512vnni]
 
 Times `q4_linear` over the four linears of one decoder layer (qkv 576->960, o 576->576,
 gate_up 576->3072, down 1536->576) and `q8_linear` over the lm_head (576->49152) on random
 weights, mean microseconds of repeated calls after warm-up. A target forward of n tokens
 streams 30 such layers and the lm_head from memory, so these figures are the compute floor
-of `weight_formats.py`'s. Prints JSON with the CPU's vector flags.
+of `weight_formats.py`'s. `--compare-flags` also builds the kernels with those compiler flags
+added (`-mno-avx512vnni`: the AVX2 products on a VNNI CPU) and times both builds in
+alternating rounds, after checking that they give the same bits. Prints JSON with the CPU's
+vector flags.
 """
 from __future__ import annotations
 
@@ -39,24 +43,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--compare-flags", default="",
+                    help="space-separated compiler flags of a second build to time beside this one")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    builds = {"default": cpu_lowbit.load()}
+    if args.compare_flags:
+        builds[args.compare_flags] = cpu_lowbit.load(tuple(args.compare_flags.split()))
     g = torch.Generator().manual_seed(0)
     layer = [(n, k, cpu_lowbit.pack_q4(*quantize_q4(torch.randn(n, k, generator=g))))
              for n, k in LAYER]
     n, k = LM_HEAD
     head = cpu_lowbit.pack_q8(*quantize_q8(torch.randn(n, k, generator=g)))
-    report: dict = {"cpu_flags": cpu_flags(), "threads": args.threads, "layer_us": {},
-                    "lm_head_us": {}}
+    report: dict = {"cpu_flags": cpu_flags(), "threads": args.threads,
+                    **{key: {"layer_us": {}, "lm_head_us": {}} for key in builds}}
     for m in (int(r) for r in args.rows.split(",")):
         xs = {kk: torch.randn(m, kk, generator=g) for kk in {kk for _, kk in LAYER}}
-        report["layer_us"][m] = round(sum(
-            mean_us(lambda: cpu_lowbit.q4_linear(xs[kk], *packed, nn), 200)
-            for nn, kk, packed in layer), 1)
         x = torch.randn(m, k, generator=g)
-        report["lm_head_us"][m] = round(mean_us(lambda: cpu_lowbit.q8_linear(x, *head, n), 20), 1)
+        calls = {key: (lambda b=b: [b.q4_linear(xs[kk], *packed, nn) for nn, kk, packed in layer],
+                       lambda b=b: b.q8_linear(x, *head, n)) for key, b in builds.items()}
+        outs = [(*layer_fn(), head_fn()) for layer_fn, head_fn in calls.values()]
+        if any(not all(torch.equal(a, b) for a, b in zip(outs[0], o)) for o in outs[1:]):
+            raise SystemExit(f"the builds {list(builds)} give different numbers at {m} rows")
+        for _ in range(3):  # alternating rounds; the best of each build
+            for key, (layer_fn, head_fn) in calls.items():
+                for name, fn, reps in (("layer_us", layer_fn, 200), ("lm_head_us", head_fn, 20)):
+                    us = round(mean_us(fn, reps), 1)
+                    report[key][name][m] = min(report[key][name].get(m, us), us)
     print(json.dumps(report, indent=1))
-
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,8 @@ codes; a row computed with others equals that row computed alone, bit for bit. Q
 minimums; on the bundled target every decoder linear and the lm_head come back exactly. The
 fused decoder equals the Python layers (its reference); an engine with q4 weights keeps greedy
 speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
-every commit; bad input is refused with the values named. A build lock left by a killed build
+every commit; bad input is refused with the values named. On a CPU with AVX512-VNNI the
+`vpdpbusd` products give the bits of the AVX2 products (the same kernels built without VNNI). A build lock left by a killed build
 is removed at the next start, and a live build is waited for.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from eagle_engine.config import Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.config import (Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams,
+                                 cpu_flags)
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.kernels.cpu_lowbit import GROUP
 from eagle_engine.kv_cache import causal_mask
@@ -71,6 +73,23 @@ def test_kernels_equal_the_dequantized_product(kind: str, n: int, k: int) -> Non
     together = kernel(x, *packed, n)
     alone = torch.cat([kernel(x[i:i + 1].contiguous(), *packed, n) for i in range(16)])
     assert torch.equal(together, alone)  # a row's bits do not depend on the other rows
+
+
+@pytest.mark.skipif("avx512_vnni" not in cpu_flags(), reason="one product path on this CPU")
+def test_vnni_products_give_the_avx2_bits() -> None:
+    """Where the CPU has AVX512-VNNI the kernels use `vpdpbusd`; built without it they take
+    the AVX2 path. Both sum the same integers, so every output has the same bits."""
+    avx2 = cpu_lowbit.load(("-mno-avx512vnni",))
+    g = torch.Generator().manual_seed(7)
+    for kind, n, k in (("q4", 136, 1536), ("q8", 72, 576)):
+        weight = torch.randn(n, k, generator=g)
+        packed = getattr(cpu_lowbit, f"pack_{kind}")(
+            *(quantize_q4(weight) if kind == "q4" else quantize_q8(weight)))
+        x = torch.randn(9, k, generator=g) * 3
+        for m in (1, 4, 9):
+            got = getattr(cpu_lowbit.load(), f"{kind}_linear")(x[:m].contiguous(), *packed, n)
+            want = getattr(avx2, f"{kind}_linear")(x[:m].contiguous(), *packed, n)
+            assert torch.equal(got, want), (kind, m)
 
 
 def test_kernels_refuse_bad_input_naming_it() -> None:

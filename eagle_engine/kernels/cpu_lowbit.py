@@ -46,8 +46,10 @@ def build_dir(flags: list[str]) -> Path:
 
 
 @cache
-def load() -> ModuleType:
-    """The compiled module (built on the first call on this machine, ~1 min on 2 cores)."""
+def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
+    """The compiled module (built on the first call on this machine, ~1 min on 2 cores).
+    `extra_flags` builds a variant beside it under its own name (benchmarks compare builds,
+    e.g. `("-mno-avx512vnni",)` for the AVX2 products on a VNNI CPU)."""
     if not compiler_available():
         raise ConfigError("the q4 CPU weights need a C++ compiler (g++) to build their kernel "
                           "at first use; install g++ or choose --weights dense")
@@ -56,7 +58,10 @@ def load() -> ModuleType:
                           "choose --weights dense")
     from torch.utils.cpp_extension import load as load_extension
 
-    out = build_dir(FLAGS)
+    flags = FLAGS + list(extra_flags)
+    name = "eagle_cpu_lowbit" + (
+        "_" + hashlib.sha256(" ".join(extra_flags).encode()).hexdigest()[:8] if extra_flags else "")
+    out = build_dir(flags)
     out.mkdir(parents=True, exist_ok=True)
     fresh = not any(out.glob("*.so"))
     t0 = time.perf_counter()
@@ -69,7 +74,7 @@ def load() -> ModuleType:
             log.warning("removing %s, left by a build that was stopped", stale)
             stale.unlink()
         try:
-            module = load_extension("eagle_cpu_lowbit", [str(SOURCE)], extra_cflags=FLAGS,
+            module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
                                     extra_ldflags=["-fopenmp"], build_directory=str(out),
                                     verbose=False)
         except (RuntimeError, OSError, ImportError) as e:
