@@ -431,9 +431,10 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: the fastest of the AVX-512 Xeon's sweep (docs/results.md, section 4); the
-# app and `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`)
-Q4_TREE = TreeParams(2, 2, 3)
+# q4 target weights: the fastest on MT-bench in the sweeps of both EPYC classes (docs/results.md,
+# sections 14 and 15; the AVX-512 Xeon's sweep did not try it); the app and
+# `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`)
+Q4_TREE = TreeParams(2, 1, 3)
 
 
 @dataclass(frozen=True)
