@@ -262,8 +262,9 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == Q4_TREE
     assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
-    args.num_draft_tokens, args.topk = 6, 2
-    assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(2, 2, 6)
+    args.num_draft_tokens, args.topk = 4, 3
+    assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(
+        3, Q4_TREE.num_steps, 4)
     from eagle_engine.cli import build_parser
 
     for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
