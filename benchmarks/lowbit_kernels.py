@@ -72,5 +72,6 @@ def main() -> None:
                     report[key][name][m] = min(report[key][name].get(m, us), us)
     print(json.dumps(report, indent=1))
 
+
 if __name__ == "__main__":
     main()

@@ -64,7 +64,8 @@ def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16")
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "amx_bf16")
 
 
 def cpu_flags() -> tuple[str, ...]:

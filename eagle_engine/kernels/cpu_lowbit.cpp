@@ -107,20 +107,19 @@ LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to al
   return _mm256_set1_epi32(v);
 }
 
+// dot4: acc + the sums of 4 u8 x s8 products per int32 lane (exact: no saturation for these
+// codes), one instruction with VNNI
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
+LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_dpbusd_epi32(acc, u, s);
+}
 #else
 constexpr bool kVnni = false;
-#endif
-
-// acc + the sums of 4 u8 x s8 products per int32 lane (exact: no saturation for these codes)
 LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, s);
-#else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
 }
+#endif
 
 // R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
 template <int R, bool kQ4>
