@@ -25,7 +25,7 @@ from eagle_engine.config import (Q4_TREE, ConfigError, EngineConfig, SamplingPar
                                  cpu_flags)
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.kernels.cpu_lowbit import GROUP
-from eagle_engine.kv_cache import causal_mask
+from eagle_engine.kv_cache import KVCache, causal_mask, tree_mask
 from eagle_engine.models.cpu_lowbit import LowBitLinear, quantize_q4, quantize_q8
 from eagle_engine.models.loader import load_target
 from tests.helpers import tiny_engine
@@ -129,6 +129,43 @@ def test_bundled_target_codes_come_back_exactly(bundled_dir: Path) -> None:
     w = target.lm_head.weight.detach()
     torch.testing.assert_close(LowBitLinear(target.lm_head, "q8").dequantized(), w,
                                rtol=2e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("start", [1, 21, 70])
+def test_a_tree_row_equals_its_path_decoded_alone(tmp_path: Path, start: int) -> None:
+    """The fused q4 forward of a tree gives every row the bits of its path decoded one token at
+    a time after the prefix: in the tree its keys sit at other cache rows, with gaps between
+    them, yet meet the same operations in the same order (what keeps greedy EAGLE-3 output equal
+    to plain decoding). Prefix lengths put the row's last keys inside and outside a vector."""
+    engine = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96)
+    target = engine.target
+    g = torch.Generator().manual_seed(start)
+    prefix = torch.randint(3, 96, (1, start), generator=g)
+    parents = [-1, 0, 0, 1, 2, 4, 4, 3]  # a root, two branches, leaves at several depths
+    tokens = torch.randint(3, 96, (1, len(parents)), generator=g)
+    paths = []
+    for j in range(len(parents)):
+        path = [j]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        paths.append(path)
+    ancestors = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for j, path in enumerate(paths):
+        ancestors[j, path] = True
+    depth = torch.tensor([[len(path) - 1 for path in paths]])
+
+    def after_prefix() -> KVCache:
+        cache = target.new_cache()
+        target(prefix, torch.arange(start)[None], cache, 0, causal_mask(start, 0, "cpu"))
+        return cache
+
+    tree = target(tokens, start + depth, after_prefix(), start, tree_mask(ancestors, start))
+    for j, path in enumerate(paths):
+        cache = after_prefix()
+        for d, node in enumerate(path):
+            alone = target(tokens[:, node:node + 1], torch.tensor([[start + d]]), cache,
+                           start + d, None)
+        assert torch.equal(tree.logits[0, j], alone.logits[0, 0]), (j, path)
 
 
 @pytest.mark.parametrize("T, start", [(1, 0), (7, 0), (1, 9), (5, 9)])

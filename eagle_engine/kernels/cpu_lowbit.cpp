@@ -16,8 +16,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if !defined(__AVX2__) || !defined(__FMA__)
@@ -322,6 +324,32 @@ struct AttnSeq {
 
 constexpr int64_t kMaxRows = 8, kChunk = 64;
 
+// out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (value rows hd floats apart). The
+// head width in vectors, V, is a compile-time constant so that the V sums stay in registers.
+template <int V>
+void weigh_values(const float* p, const float* v, int64_t hd, int64_t k0, int64_t k1,
+                  float* out) {
+  __m256 acc[V > 0 ? V : 1];
+#pragma GCC unroll 16
+  for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(out + 8 * i);
+  for (int64_t k = k0; k < k1; ++k) {
+    if (p[k] == 0.f) continue;  // a masked key
+    const __m256 pk = _mm256_set1_ps(p[k]);
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i)
+      acc[i] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(v + k * hd + 8 * i), acc[i]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < V; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+using WeighValues = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float*);
+template <int... V>
+constexpr std::array<WeighValues, sizeof...(V)> weigh_table(std::integer_sequence<int, V...>) {
+  return {&weigh_values<V>...};
+}
+constexpr auto kWeighValues = weigh_table(std::make_integer_sequence<int, 17>());  // hd <= 128
+
 AttnSeq attn_seq(const float* q, int64_t qs, const float* kc, const float* vc,
                  const float* bias, float* out, const Dims& d) {
   const int64_t rows = d.heads / d.kv_heads * d.T;
@@ -392,41 +420,43 @@ void attention(const std::vector<AttnSeq>& seqs) {
             p[s] = sum1(a);
           }
         }
-      for (int64_t r = 0; r < nr; ++r) {  // softmax weights, unnormalized
+      for (int64_t r = 0; r < nr; ++r) {  // softmax weights, unnormalized, 8 scores a vector
+        // Every score goes through the same vector operations wherever it lies, and the total
+        // adds the weights in key order, so a row's numbers do not depend on where its keys sit
+        // (a tree row's keys have gaps that a decoded row's do not).
         float* p = scores.data() + r * d.S;
-        const int64_t S = end[r];
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < S; ++s) {
-          p[s] = p[s] * scale + (br[r] ? br[r][s] : 0.f);
-          mx = std::max(mx, p[s]);
+        const int64_t S = end[r], full = S / 8 * 8;
+        alignas(32) float tail[8], tail_bias[8];  // the last S % 8 scores, padded: bias -inf
+        for (int64_t k = 0; k < 8; ++k) {
+          tail[k] = full + k < S ? p[full + k] : 0.f;
+          tail_bias[k] = full + k < S ? (br[r] ? br[r][full + k] : 0.f) : -INFINITY;
         }
-        const __m256 vmx = _mm256_set1_ps(mx);
-        int64_t s = 0;
-        for (; s + 8 <= S; s += 8)
+        const __m256 vscale = _mm256_set1_ps(scale);
+        __m256 vmx = _mm256_set1_ps(-INFINITY);
+        for (int64_t s = 0; s < full; s += 8) {
+          const __m256 x = _mm256_loadu_ps(p + s);  // score * scale + bias, one rounding
+          const __m256 v = br[r] ? _mm256_fmadd_ps(x, vscale, _mm256_loadu_ps(br[r] + s))
+                                 : _mm256_mul_ps(x, vscale);  // = fma(x, scale, 0)
+          _mm256_storeu_ps(p + s, v);
+          vmx = _mm256_max_ps(vmx, v);
+        }
+        const __m256 vt = _mm256_fmadd_ps(_mm256_load_ps(tail), vscale, _mm256_load_ps(tail_bias));
+        vmx = _mm256_max_ps(vmx, vt);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        vmx = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))));
+        for (int64_t s = 0; s < full; s += 8)
           _mm256_storeu_ps(p + s, vexp(_mm256_sub_ps(_mm256_loadu_ps(p + s), vmx)));
-        if (s < S) {  // tail: pad with -inf (exp -> 0) through a scratch vector
-          alignas(32) float tail[8];
-          for (int64_t k = 0; k < 8; ++k) tail[k] = s + k < S ? p[s + k] : -INFINITY;
-          _mm256_store_ps(tail, vexp(_mm256_sub_ps(_mm256_load_ps(tail), vmx)));
-          for (int64_t k = 0; s + k < S; ++k) p[s + k] = tail[k];
-        }
+        _mm256_store_ps(tail, vexp(_mm256_sub_ps(vt, vmx)));
+        for (int64_t k = 0; full + k < S; ++k) p[full + k] = tail[k];
         total[r] = 0.f;
         for (int64_t k = 0; k < S; ++k) total[r] += p[k];
         std::memset(orow[r], 0, d.hd * sizeof(float));
       }
+      const WeighValues weigh = kWeighValues[V];
       for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // weighted values, accumulated in out
-        for (int64_t r = 0; r < nr; ++r) {
-          const float* p = scores.data() + r * d.S;
-          __m256 acc[16];
-          for (int64_t v = 0; v < V; ++v) acc[v] = _mm256_loadu_ps(orow[r] + 8 * v);
-          for (int64_t k = c0; k < std::min(c0 + kChunk, end[r]); ++k) {
-            if (p[k] == 0.f) continue;
-            const __m256 pk = _mm256_set1_ps(p[k]);
-            for (int64_t v = 0; v < V; ++v)
-              acc[v] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vh + k * d.hd + 8 * v), acc[v]);
-          }
-          for (int64_t v = 0; v < V; ++v) _mm256_storeu_ps(orow[r] + 8 * v, acc[v]);
-        }
+        for (int64_t r = 0; r < nr; ++r)
+          weigh(scores.data() + r * d.S, vh, d.hd, c0, std::min(c0 + kChunk, end[r]), orow[r]);
       for (int64_t r = 0; r < nr; ++r) {
         const __m256 inv = _mm256_set1_ps(1.f / total[r]);
         for (int64_t v = 0; v < V; ++v)
