@@ -52,6 +52,12 @@ constexpr int64_t kGroup = 32;
 // Every output lane sums its blocks in order, so each row gets the same bits whatever the
 // number of rows in the call or the tile it falls in.
 
+LOWBIT_INLINE float hmax(__m256 v) {  // the largest of the 8 lanes
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
 struct Acts {  // activation rows quantized per block: q [M, K] int8, d and s [M, K/32]
   std::vector<int8_t> q;
   std::vector<float> d, s;
@@ -70,10 +76,7 @@ Acts quantize_rows(const float* x, int64_t M, int64_t K) {
       v[j] = _mm256_loadu_ps(xb + 8 * j);
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.f;
+    const float d = hmax(amax) / 127.f;
     const __m256 id = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
     __m256i n[4];
     for (int j = 0; j < 4; ++j) n[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
@@ -442,9 +445,7 @@ void attention(const std::vector<AttnSeq>& seqs) {
         }
         const __m256 vt = _mm256_fmadd_ps(_mm256_load_ps(tail), vscale, _mm256_load_ps(tail_bias));
         vmx = _mm256_max_ps(vmx, vt);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        vmx = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))));
+        vmx = _mm256_set1_ps(hmax(vmx));
         for (int64_t s = 0; s < full; s += 8)
           _mm256_storeu_ps(p + s, vexp(_mm256_sub_ps(_mm256_loadu_ps(p + s), vmx)));
         _mm256_store_ps(tail, vexp(_mm256_sub_ps(vt, vmx)));
