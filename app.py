@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -462,8 +461,7 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
                           prefix_cache_mb=args.prefix_cache_mb)
     configs = [config]
     if device == "cpu" and not args.single_weights:
-        configs.append(replace(config, dtype=args.dtype,
-                               weights="dense" if config.weights == "q4" else "q4"))
+        configs.append(config.other_weights(args.dtype))
     log.info("loading target (bundled) on %s/%s (weights: %s) and %d heads from %s…", device,
              config.dtype, ", ".join(c.weights_label for c in configs), len(heads),
              args.heads_dir)

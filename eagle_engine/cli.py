@@ -54,15 +54,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> None:
     """Measure the fastest weights and tree here (`autotune.tune`), cache and print them."""
-    from dataclasses import asdict, replace
+    from dataclasses import asdict
 
     from .engine import EagleEngine
 
     config = engine_config(args)
     engines = [EagleEngine.load(config)]
     if config.device == "cpu" and not args.single_weights:
-        other = "dense" if config.weights == "q4" else "q4"
-        engines.append(EagleEngine.load(replace(config, weights=other),
+        engines.append(EagleEngine.load(config.other_weights(args.dtype),
                                         tokenizer=engines[0].tokenizer))
     head = pick_head(engines[0], args.draft)
     tuned = autotune.tune(engines, head, refresh=True)

@@ -12,7 +12,7 @@ import math
 import os
 import platform
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -479,6 +479,12 @@ class EngineConfig:
     def weights_label(self) -> str:
         """How the target holds its weights: `q4` codes or its dtype."""
         return "q4" if self.weights == "q4" else self.dtype
+
+    def other_weights(self, dtype: str) -> EngineConfig:
+        """The same target in the other CPU weight format (q4 <-> dense), a dense target in
+        `dtype` as asked ('auto' resolved anew: a q4 config's own dtype is always fp32)."""
+        return replace(self, dtype=dtype,
+                                   weights="dense" if self.weights == "q4" else "q4")
 
     @property
     def default_tree(self) -> TreeParams:

@@ -247,6 +247,9 @@ def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch: pytest.Monkey
     assert EngineConfig(weights="q4").dtype == "fp32"
     assert EngineConfig(device="cuda").dtype == "bf16"
     assert EngineConfig(dtype="bf16").dtype == "bf16" and EngineConfig(dtype="fp32").dtype == "fp32"
+    # the dense twin of a q4 target (tune, the app) takes the asked dtype, not q4's fp32
+    assert EngineConfig(weights="q4").other_weights("auto").dtype == cpu_dtype
+    assert EngineConfig(weights="dense").other_weights("auto").weights == "q4"
 
 
 def test_target_config_from_dict_reads_qwen2_bias_and_eos_list() -> None:
