@@ -483,8 +483,7 @@ class EngineConfig:
     def other_weights(self, dtype: str) -> EngineConfig:
         """The same target in the other CPU weight format (q4 <-> dense), a dense target in
         `dtype` as asked ('auto' resolved anew: a q4 config's own dtype is always fp32)."""
-        return replace(self, dtype=dtype,
-                                   weights="dense" if self.weights == "q4" else "q4")
+        return replace(self, dtype=dtype, weights="dense" if self.weights == "q4" else "q4")
 
     @property
     def default_tree(self) -> TreeParams:
