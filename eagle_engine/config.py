@@ -64,8 +64,9 @@ def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-             "amx_bf16")
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "amx_bf16")
+LOWBIT_CPU_FLAGS = ("avx2", "fma", "f16c")  # what the q4 / q8 kernels need
 
 
 def cpu_flags() -> tuple[str, ...]:
@@ -100,7 +101,7 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     if weights == "auto":
         gguf = target == "bundled" or target.endswith(".gguf")
         fp32 = dtype in ("auto", "fp32")
-        simd = {"avx2", "fma"} <= set(cpu_flags())
+        simd = set(LOWBIT_CPU_FLAGS) <= set(cpu_flags())
         return "q4" if cpu and gguf and fp32 and simd and compiler_available() else "dense"
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")

@@ -32,13 +32,13 @@ from tests.helpers import tiny_engine
 
 
 def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """A weight on a Q4_1 grid, as llama.cpp writes it: every block of 32 inputs holds code 0
-    (its minimum) and code 15 (its maximum)."""
+    """A weight on a Q4_1 grid, as llama.cpp writes it: float16 scales and minimums, and every
+    block of 32 inputs holds code 0 (its minimum) and code 15 (its maximum)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (out_f, in_f // GROUP, GROUP), generator=g, dtype=torch.int32)
     codes[..., 0], codes[..., 1] = 0, 15
-    scale = torch.rand(out_f, in_f // GROUP, generator=g) * 0.01 + 1e-3
-    low = torch.randn(out_f, in_f // GROUP, generator=g) * 0.05
+    scale = (torch.rand(out_f, in_f // GROUP, generator=g) * 0.01 + 1e-3).half().float()
+    low = (torch.randn(out_f, in_f // GROUP, generator=g) * 0.05).half().float()
     weight = codes * scale[..., None] + low[..., None]
     return weight.view(out_f, in_f), codes.view(out_f, in_f), scale, low
 
@@ -46,8 +46,9 @@ def q4_1_weight(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, ...]:
 def test_quantize_recovers_a_q4_1_grid() -> None:
     weight, codes, scale, low = q4_1_weight(48, 96, seed=0)
     packed, dm = quantize_q4(weight)
-    torch.testing.assert_close(dm[:, 0], scale, rtol=1e-5, atol=0)
-    assert torch.equal(dm[:, 1], low)
+    assert dm.dtype == torch.float16
+    torch.testing.assert_close(dm[:, 0].float(), scale, rtol=1e-5, atol=0)
+    assert torch.equal(dm[:, 1].float(), low)
     unpacked = torch.cat([packed.view(48, 3, 16) & 15, packed.view(48, 3, 16) >> 4], -1)
     assert torch.equal(unpacked.view(48, 96).int(), codes)
     torch.testing.assert_close(cpu_lowbit.q4_dequantize(packed, dm), weight, rtol=0, atol=2e-7)
@@ -101,6 +102,13 @@ def test_kernels_refuse_bad_input_naming_it() -> None:
         cpu_lowbit.q4_linear(torch.randn(2, 96), codes, scales, 16)
     with pytest.raises(ValueError, match="48x40"):
         LowBitLinear(nn.Linear(40, 48), "q4")
+    huge = torch.zeros(8, 32)
+    huge[0, 0] = 1e7  # its block's scale, 1e7 / 127, is past float16's 65504
+    with pytest.raises(ValueError, match=r"q8 block scales out of float16's range \(1 values, "
+                       r"e\.g\. 7\.87e\+04\)"):
+        quantize_q8(huge)
+    with pytest.raises(RuntimeError, match="scales must be contiguous float16"):
+        cpu_lowbit.q4_linear(torch.randn(2, 64), codes, scales.float(), 16)
     with pytest.raises(ConfigError, match="CPU path; device is 'cuda'"):
         EngineConfig(device="cuda", weights="q4")
     with pytest.raises(ConfigError, match="dtype 'bf16' needs --weights dense"):

@@ -3,15 +3,16 @@
 //
 // Weights stay in GGUF block formats, 32 inputs per block:
 //   q4: codes [N, K/2] uint8 (byte j of a block = input j in the low nibble, input j+16 in the
-//       high nibble, as in a Q4_1 block) and scales [N, 2, K/32] float (scale dw, then
+//       high nibble, as in a Q4_1 block) and scales [N, 2, K/32] float16 (scale dw, then
 //       minimum m): w = dw * c + m.
-//   q8: codes [N, K] int8 and scales [N, K/32] float: w = dw * c (a Q8_0 block).
+//   q8: codes [N, K] int8 and scales [N, K/32] float16: w = dw * c (a Q8_0 block).
+// Scales are float16 as in the GGUF (F16C widens 8 at a time): a q4 block reads 20 bytes, not 24.
 // The activations are quantized per row and block to int8 (see "int8 activations" below) and
 // each weight block is multiplied in integers, once per tile of up to 4 activation rows; every
 // output is summed in the same order whatever the number of rows or the tile it falls in, so
 // row r of a call equals that row computed alone, bit for bit (a tree verify gives the numbers
-// of one-token decodes). The columns are split over ATen's threads. The kernels need AVX2 + FMA
-// and use AVX512-VNNI where the CPU has it.
+// of one-token decodes). The columns are split over ATen's threads. The kernels need AVX2, FMA
+// and F16C and use AVX512-VNNI where the CPU has it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -22,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the low-bit kernels need AVX2 and FMA (cpu_lowbit.load() checks the CPU before building)"
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the low-bit kernels need AVX2, FMA and F16C (cpu_lowbit.load() checks the CPU before building)"
 #endif
 #include <immintrin.h>
 
@@ -95,16 +96,20 @@ Acts quantize_rows(const float* x, int64_t M, int64_t K) {
 
 // A weight packed 8 columns together, per group g of 8 columns and block b:
 //   q4: codes [G, B, 4, 32] uint8: vector p holds inputs 8p..8p+3 (low nibbles) and
-//       8p+4..8p+7 (high nibbles), 4 bytes a column; scales [G, B, 2, 8] (dw, then m).
+//       8p+4..8p+7 (high nibbles), 4 bytes a column; scales [G, B, 2, 8] float16 (dw, then m).
 //   q8: codes [G, B, 8, 32] int8: vector s holds inputs 4s..4s+3, 4 bytes a column;
-//       scales [G, B, 8].
+//       scales [G, B, 8] float16.
 template <bool kQ4>
 struct Packed {
   const uint8_t* codes;
-  const float* scales;
+  const uint16_t* scales;  // float16 bits
   int64_t B;
   static constexpr int64_t kBytes = kQ4 ? 128 : 256, kScales = kQ4 ? 16 : 8;
 };
+
+LOWBIT_INLINE __m256 load8_half(const uint16_t* p) {  // 8 float16 values as float32
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to all 8 lanes
   int32_t v;
@@ -136,7 +141,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.B; ++b) {
     const uint8_t* wc = w.codes + (g * w.B + b) * Packed<kQ4>::kBytes;
-    const float* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
+    const uint16_t* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
     const int8_t* xb[R];
     __m256i sum[R], sum_hi[R];  // sum_hi: VNNI's high-nibble sums (AVX2 adds all into sum)
 #pragma GCC unroll 8
@@ -161,7 +166,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
           }
         }
       }
-      const __m256 dw = _mm256_loadu_ps(ws), m = _mm256_loadu_ps(ws + 8);
+      const __m256 dw = load8_half(ws), m = load8_half(ws + 8);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int64_t i = (m0 + r) * x.B + b;
@@ -180,7 +185,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
         for (int r = 0; r < R; ++r)
           sum[r] = dot4(sum[r], a, _mm256_sign_epi8(broadcast4(xb[r] + 4 * s), v));
       }
-      const __m256 dw = _mm256_loadu_ps(ws);
+      const __m256 dw = load8_half(ws);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]),
@@ -228,16 +233,19 @@ torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
   return out;
 }
 
+const uint16_t* half_bits(const torch::Tensor& scales) {
+  return reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+}
+
 torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t N) {
-  return product(Packed<true>{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), x.size(1) / kGroup},
-                 x, N);
+  return product(Packed<true>{codes.data_ptr<uint8_t>(), half_bits(scales), x.size(1) / kGroup}, x, N);
 }
 
 torch::Tensor q8_matmul(const torch::Tensor& x, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t N) {
   return product(Packed<false>{reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()),
-                               scales.data_ptr<float>(), x.size(1) / kGroup},
+                               half_bits(scales), x.size(1) / kGroup},
                  x, N);
 }
 
@@ -487,9 +495,9 @@ void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tens
                   codes.size(1) == B && codes.size(2) == bytes,
               "codes must be contiguous [", G, ", ", B, ", ", bytes, "] for ", N, " outputs and ",
               x.size(1), " inputs, got ", codes.sizes());
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kHalf &&
                   scales.numel() == G * B * scales_per_block,
-              "scales must be contiguous float32 with ", G * B * scales_per_block,
+              "scales must be contiguous float16 with ", G * B * scales_per_block,
               " values, got ", scales.sizes());
 }
 

@@ -3,9 +3,9 @@
 No library does this job well on these CPUs: PyTorch's `_weight_int4pack_mm_for_cpu` unpacks
 the weights again for every 4 activation rows and is slow with fp32 activations, the only fast
 float activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels keep the
-weights in GGUF block formats (q4: Q4_1 codes with a scale and a minimum per 32 inputs; q8: Q8_0
-codes with a scale), quantize each activation row to int8 per block of 32 (as llama.cpp does)
-and multiply in integers with AVX2 (one `vpdpbusd` per 4 inputs where the CPU has
+weights in GGUF block formats (q4: Q4_1 codes with a float16 scale and minimum per 32 inputs;
+q8: Q8_0 codes with a float16 scale), quantize each activation row to int8 per block of 32 (as
+llama.cpp does) and multiply in integers with AVX2 (one `vpdpbusd` per 4 inputs where the CPU has
 AVX512-VNNI: the same integers, so the same bits), each weight block loaded once for up to 4
 activation rows; every row gets the bits it would get alone. `load()` compiles them with
 `torch.utils.cpp_extension` for this machine (`-march=native`) into the user cache, in a folder
@@ -30,7 +30,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError, cache_root, compiler_available, cpu_flags
+from ..config import LOWBIT_CPU_FLAGS, ConfigError, cache_root, compiler_available, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
     if not compiler_available():
         raise ConfigError("the q4 CPU weights need a C++ compiler (g++) to build their kernel "
                           "at first use; install g++ or choose --weights dense")
-    if not {"avx2", "fma"} <= set(cpu_flags()):
-        raise ConfigError(f"the q4 CPU kernels need AVX2 and FMA; this CPU has {cpu_flags()}; "
+    if not set(LOWBIT_CPU_FLAGS) <= set(cpu_flags()):
+        raise ConfigError(f"the q4 CPU kernels need AVX2, FMA and F16C; this CPU has {cpu_flags()}; "
                           "choose --weights dense")
     from torch.utils.cpp_extension import load as load_extension
 
@@ -105,7 +105,7 @@ def _pad_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_q4(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Natural Q4_1 codes [N, K/2] and scales [N, 2, K/32] -> the kernel's layout, 8 columns
+    """Natural Q4_1 codes [N, K/2] and float16 scales [N, 2, K/32] -> the kernel's layout, 8 columns
     together (see `cpu_lowbit.cpp`): codes [G, B, 128] uint8, byte (g, b, 32p + 4j + i) =
     code(8g+j, 32b+8p+i) | code(8g+j, 32b+8p+4+i) << 4; scales [G, B, 2, 8]."""
     c = _pad_rows(unpack_nibbles(codes))  # [G*8, K] values 0..15
@@ -130,7 +130,7 @@ def unpack_q4(codes: torch.Tensor, scales: torch.Tensor, n: int
 
 
 def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Natural Q8_0 codes [N, K] int8 and scales [N, K/32] -> codes [G, B, 256], element
+    """Natural Q8_0 codes [N, K] int8 and float16 scales [N, K/32] -> codes [G, B, 256], element
     (g, b, 32s + 4j + i) = code(8g+j, 32b+4s+i), and scales [G, B, 8]."""
     c = _pad_rows(codes)
     G, B = c.shape[0] // 8, c.shape[1] // GROUP
@@ -156,7 +156,7 @@ def unpack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 def q4_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """codes [N, K/2] uint8, scales [N, 2, K/32] -> weight [N, K] float32 (w = dw*c + m)."""
+    """codes [N, K/2] uint8, scales [N, 2, K/32] float16 -> weight [N, K] float32 (w = dw*c + m)."""
     N = codes.shape[0]
     c = unpack_nibbles(codes).view(N, -1, GROUP).double()  # [N, K/32, 32]
     dw, m = scales[:, 0, :, None].double(), scales[:, 1, :, None].double()
@@ -164,9 +164,9 @@ def q4_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def q8_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] int8, scales [N, K/32] -> weight [N, K] float32."""
+    """codes [N, K] int8, scales [N, K/32] float16 -> weight [N, K] float32."""
     N = codes.shape[0]
-    return (codes.view(N, -1, GROUP).float() * scales[..., None]).view(N, -1)
+    return (codes.view(N, -1, GROUP).float() * scales[..., None].float()).view(N, -1)
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
