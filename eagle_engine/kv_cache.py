@@ -1,10 +1,11 @@
 """Preallocated static KV cache with explicit verbs, plus the attention masks that index it.
 
 A cache holds, per layer, keys and values `[batch, kv_heads, max_len, head_dim]` (views of one
-tensor); the model writes rows at the `start` it is given and never tracks lengths itself. The
-engine owns the committed length. `commit_rows` moves accepted tree rows next to the committed
-prefix (rejected rows are simply left behind and overwritten later; nothing else is copied),
-without a host read.
+tensor, in the dtype its model's `new_cache` asks for: the model's own, or float16 for the fused
+low-bit CPU layers); the model writes rows at the `start` it is given and never tracks lengths
+itself. The engine owns the committed length. `commit_rows` moves accepted tree rows next to
+the committed prefix (rejected rows are simply left behind and overwritten later; nothing else
+is copied), without a host read.
 Not here: which rows are accepted (`verify.py`) or tree structure (`tree.py`).
 """
 from __future__ import annotations

@@ -122,9 +122,10 @@ def test_context_drafts_toggle(app_server: AppServer) -> None:
     the toggle off, which drafts none."""
     prompt = ("Repeat this list exactly, twice: apple pie, banana bread, cherry tart, "
               "apple pie, banana bread, cherry tart.")
-    client = app_server.client()
-    runs = {on: client.predict(prompt, max_new_tokens=48, temperature=0.0, context_drafts=on,
-                               api_name="/chat") for on in (True, False)}
+    # a client each: one session's second request would answer after the first (its history)
+    runs = {on: app_server.client().predict(prompt, max_new_tokens=48, temperature=0.0,
+                                            context_drafts=on, api_name="/chat")
+            for on in (True, False)}
     on, off = (runs[flag][OUT["run"]] for flag in (True, False))
     assert on["text"] == off["text"]
     assert any(s["kind"] == "context" and s["source"] == "context" for s in on["spans"])

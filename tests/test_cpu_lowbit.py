@@ -179,27 +179,35 @@ def test_a_tree_row_equals_its_path_decoded_alone(tmp_path: Path, start: int) ->
 @pytest.mark.parametrize("T, start", [(1, 0), (7, 0), (1, 9), (5, 9)])
 def test_fused_decoder_equals_the_python_layers(tmp_path: Path, T: int, start: int) -> None:
     """The C++ layer stack against the Python layers with the same q4 linears: logits, aux
-    hidden states and every KV row, under a causal mask and under a tree-like mask."""
+    hidden states and every KV row, under a causal mask and under a tree-like mask. Both start
+    from the same float16 cache (the fused decoder's `kv_dtype`): a prefix computed by each
+    path could round some keys one float16 step apart, which no later tolerance separates from
+    a real difference."""
     engine = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96)
     target = engine.target
-    assert target.fused is not None
+    fused = target.fused
+    assert fused is not None
     g = torch.Generator().manual_seed(T + start)
     ids = torch.randint(3, 96, (1, start + T), generator=g)
     mask = causal_mask(T, start, "cpu")
     if T > 2:
         mask[0, 2, start + 1] = False  # a tree row that does not see its elder sibling
+    prefix = target.new_cache(max_len=32)
+    assert prefix.data.dtype == torch.float16
+    if start:
+        target(ids[:, :start], torch.arange(start)[None], prefix, 0, causal_mask(start, 0, "cpu"))
     outs, caches = [], []
-    for fused in (target.fused, None):
-        target.fused, cache = fused, target.new_cache(max_len=32)
-        if start:
-            target(ids[:, :start], torch.arange(start)[None], cache, 0,
-                   causal_mask(start, 0, "cpu"))
+    for path in (fused, None):
+        cache = target.new_cache(max_len=32)
+        cache.data.copy_(prefix.data)
+        target.fused = path
         outs.append(target(ids[:, start:], torch.arange(start, start + T)[None], cache, start,
                            mask, (0, 3, 8)))
         caches.append(cache.data)
     torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outs[0].aux_hidden, outs[1].aux_hidden, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(caches[0], caches[1], rtol=1e-4, atol=1e-5)
+    # float16 rows: inputs that differ in the last float32 bits may round one float16 step apart
+    torch.testing.assert_close(caches[0], caches[1], rtol=1e-3, atol=1e-5)
 
 
 def test_engine_q4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
@@ -272,8 +280,9 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
     step_mask = torch.ones(1, 3, 9, dtype=torch.bool)
     step_mask[0, 1, 6], step_mask[0, 2, 7] = False, False
     outs, caches, fused = [], [], head.fused
-    for f in (fused, None):
-        head.fused, cache = f, head.new_cache(32)
+    for f in (fused, None):  # both over float16 caches, the fused decoder's kv_dtype
+        cache = head.new_cache(32)
+        head.fused = f
         ext = head(ids, feats, torch.arange(6)[None], cache, 0, causal_mask(6, 0, "cpu"),
                    from_target=True)
         step = head(step_ids, step_hidden, torch.full((1, 3), 6), cache, 6, step_mask,
@@ -282,7 +291,8 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
         caches.append(cache.data)
     for got, want in zip(outs[0], outs[1]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(caches[0], caches[1], rtol=1e-4, atol=1e-5)
+    # float16 rows: inputs that differ in the last float32 bits may round one float16 step apart
+    torch.testing.assert_close(caches[0], caches[1], rtol=1e-3, atol=1e-5)
 
 
 def _load_in_a_new_process() -> subprocess.Popen[bytes]:

@@ -111,6 +111,13 @@ LOWBIT_INLINE __m256 load8_half(const uint16_t* p) {  // 8 float16 values as flo
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// n floats (a multiple of 8) -> float16, rounded to nearest even as torch's conversion rounds
+LOWBIT_INLINE void store8_half(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t e = 0; e < n; e += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + e), _MM_FROUND_TO_NEAREST_INT));
+}
+
 LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to all 8 lanes
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -282,7 +289,8 @@ LOWBIT_INLINE float sum1(__m256 a) {
 
 // One decoder layer stack of a Llama-family target for one sequence, float32 activations (int8
 // inside the products) and q4 weights (the fused form of `models/target.py`'s layers; `models/cpu_lowbit.py` decides when
-// it applies). Per layer: RMSNorm, qkv, RoPE (rotate-half), KV rows [start, start+T) written,
+// it applies). Per layer: RMSNorm, qkv, RoPE (rotate-half), KV rows [start, start+T) written
+// in float16 (half the bytes a step reads from a long cache; llama.cpp's default KV type too),
 // grouped-query attention over rows [0, start+T) with an additive bias, o_proj, residual,
 // RMSNorm, gate_up, SiLU * up, down, residual. Each query row's numbers depend only on that
 // row, the cache rows it sees and their order, never on the other rows of the call.
@@ -317,7 +325,7 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
 }
 
 // One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
-// [kv_heads, max_len, hd]. The query rows that share a kv head (its g heads x T tokens) go in
+// [kv_heads, max_len, hd] float16, widened to float32 as they are read. The query rows that share a kv head (its g heads x T tokens) go in
 // tasks of up to 8, which pass over the keys and values in chunks of 64 that stay in L1 for all
 // of them. A row's scores run over the cache rows up to its last visible one (the bias is -inf
 // past it); masked keys weigh exactly 0. So a row's numbers do not depend on the other rows of
@@ -325,8 +333,8 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
 struct AttnSeq {
   const float* q;
   int64_t qs;
-  const float* kc;
-  const float* vc;
+  const uint16_t* kc;  // float16 bits
+  const uint16_t* vc;
   const float* bias;
   float* out;
   Dims d;
@@ -338,7 +346,7 @@ constexpr int64_t kMaxRows = 8, kChunk = 64;
 // out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (value rows hd floats apart). The
 // head width in vectors, V, is a compile-time constant so that the V sums stay in registers.
 template <int V>
-void weigh_values(const float* p, const float* v, int64_t hd, int64_t k0, int64_t k1,
+void weigh_values(const float* p, const uint16_t* v, int64_t hd, int64_t k0, int64_t k1,
                   float* out) {
   __m256 acc[V > 0 ? V : 1];
 #pragma GCC unroll 16
@@ -348,20 +356,20 @@ void weigh_values(const float* p, const float* v, int64_t hd, int64_t k0, int64_
     const __m256 pk = _mm256_set1_ps(p[k]);
 #pragma GCC unroll 16
     for (int i = 0; i < V; ++i)
-      acc[i] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(v + k * hd + 8 * i), acc[i]);
+      acc[i] = _mm256_fmadd_ps(pk, load8_half(v + k * hd + 8 * i), acc[i]);
   }
 #pragma GCC unroll 16
   for (int i = 0; i < V; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-using WeighValues = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float*);
+using WeighValues = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, float*);
 template <int... V>
 constexpr std::array<WeighValues, sizeof...(V)> weigh_table(std::integer_sequence<int, V...>) {
   return {&weigh_values<V>...};
 }
 constexpr auto kWeighValues = weigh_table(std::make_integer_sequence<int, 17>());  // hd <= 128
 
-AttnSeq attn_seq(const float* q, int64_t qs, const float* kc, const float* vc,
+AttnSeq attn_seq(const float* q, int64_t qs, const uint16_t* kc, const uint16_t* vc,
                  const float* bias, float* out, const Dims& d) {
   const int64_t rows = d.heads / d.kv_heads * d.T;
   // about 4 tasks a thread, so that no thread waits long for the last one
@@ -389,14 +397,15 @@ void attention(const std::vector<AttnSeq>& seqs) {
       while (item >= first[n + 1]) ++n;
       const AttnSeq& a = seqs[n];
       const Dims& d = a.d;
-      const float *q = a.q, *kc = a.kc, *vc = a.vc, *bias = a.bias;
+      const float *q = a.q, *bias = a.bias;
+      const uint16_t *kc = a.kc, *vc = a.vc;
       const int64_t qs = a.qs, kRows = a.kRows, tasks = a.tasks, i = item - first[n];
       float* out = a.out;
       const int64_t g = d.heads / d.kv_heads, V = d.hd / 8, rows = g * d.T;
       const float scale = 1.f / std::sqrt(float(d.hd));
       const int64_t j = i / tasks, r0 = (i % tasks) * kRows, nr = std::min(kRows, rows - r0);
-      const float* kh = kc + j * d.max_len * d.hd;
-      const float* vh = vc + j * d.max_len * d.hd;
+      const uint16_t* kh = kc + j * d.max_len * d.hd;
+      const uint16_t* vh = vc + j * d.max_len * d.hd;
       int64_t longest = 0;
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t h = j * g + (r0 + r) / d.T, t = (r0 + r) % d.T;
@@ -419,7 +428,7 @@ void attention(const std::vector<AttnSeq>& seqs) {
               const __m256 qv = _mm256_loadu_ps(qr[r] + 8 * v);
 #pragma GCC unroll 8
               for (int k = 0; k < 8; ++k)
-                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kh + (s + k) * d.hd + 8 * v), a[k]);
+                a[k] = _mm256_fmadd_ps(qv, load8_half(kh + (s + k) * d.hd + 8 * v), a[k]);
             }
             _mm256_storeu_ps(p + s, sums8(a));
           }
@@ -427,7 +436,7 @@ void attention(const std::vector<AttnSeq>& seqs) {
             __m256 a = _mm256_setzero_ps();
             for (int64_t v = 0; v < V; ++v)
               a = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + 8 * v),
-                                  _mm256_loadu_ps(kh + s * d.hd + 8 * v), a);
+                                  load8_half(kh + s * d.hd + 8 * v), a);
             p[s] = sum1(a);
           }
         }
@@ -553,9 +562,10 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   int64_t rows = 0;
   for (size_t i = 0; i < n_seq; ++i) {
     const auto& kv = kvs[i];
-    TORCH_CHECK(kv.is_contiguous() && kv.size(0) == 2 * layers && kv.size(1) == kv_heads &&
-                    kv.size(3) == hd,
-                "kv must be contiguous [2 * layers, kv_heads, max_len, head_dim]");
+    TORCH_CHECK(kv.is_contiguous() && kv.scalar_type() == torch::kHalf &&
+                    kv.size(0) == 2 * layers && kv.size(1) == kv_heads && kv.size(3) == hd,
+                "kv must be contiguous float16 [2 * layers, kv_heads, max_len, head_dim], got ",
+                kv.scalar_type(), " ", kv.sizes());
     Dims d{lens[i], heads, kv_heads, hd, inter, starts[i] + lens[i], kv.size(2)};
     TORCH_CHECK(d.T > 0 && d.S <= d.max_len, "rows past the cache");
     const float* b = nullptr;
@@ -608,14 +618,15 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     for (size_t i = 0; i < n_seq; ++i) {  // each sequence: its own cache rows and attention
       const Dims& d = dims[i];
       const float* qs = qp + offsets[i] * qkv_w;
-      float* kc = kvs[i].data_ptr<float>() + (2 * l) * kv_heads * d.max_len * hd;
-      float* vc = kc + kv_heads * d.max_len * hd;
+      uint16_t* kc = reinterpret_cast<uint16_t*>(kvs[i].data_ptr<at::Half>()) +
+                     (2 * l) * kv_heads * d.max_len * hd;
+      uint16_t* vc = kc + kv_heads * d.max_len * hd;
       const int64_t start = starts[i];
       for (int64_t t = 0; t < d.T; ++t)
         for (int64_t j = 0; j < kv_heads; ++j) {
-          std::memcpy(kc + (j * d.max_len + start + t) * hd, qs + t * qkv_w + (heads + j) * hd, hd * 4);
-          std::memcpy(vc + (j * d.max_len + start + t) * hd,
-                      qs + t * qkv_w + (heads + kv_heads + j) * hd, hd * 4);
+          store8_half(qs + t * qkv_w + (heads + j) * hd, kc + (j * d.max_len + start + t) * hd, hd);
+          store8_half(qs + t * qkv_w + (heads + kv_heads + j) * hd,
+                      vc + (j * d.max_len + start + t) * hd, hd);
         }
       parts.push_back(attn_seq(qs, qkv_w, kc, vc, bias_ptrs[i],
                                attn.data_ptr<float>() + offsets[i] * heads * hd, d));

@@ -137,7 +137,11 @@ class FusedDecoder:
     with q4 layers, or an EAGLE-3 head with q8 layers (its first layer reads cat(norm(embeds),
     norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
-    reference) otherwise."""
+    reference) otherwise. Its KV caches hold `kv_dtype` (float16: a step over a long context
+    reads half the bytes of float32 keys and values); the models' `new_cache` asks for it, and
+    their Python layers widen what they read."""
+
+    kv_dtype = torch.float16
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.cfg

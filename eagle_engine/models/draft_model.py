@@ -92,8 +92,9 @@ class Eagle3Draft(nn.Module):
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.cfg
         w = self.norm.weight  # float even when the linears hold codes
+        dtype = w.dtype if self.fused is None else self.fused.kv_dtype
         return KVCache(c.num_layers, 1, c.num_kv_heads, max_len or self.max_len, c.head_dim,
-                       w.dtype, w.device)
+                       dtype, w.device)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., EagleDraftExtendInput.hidden_size_for] -> [.., hidden_size]."""

@@ -113,16 +113,16 @@ class Attention(nn.Module):
         qk = rope.apply(qk)  # one rotation for q and k
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
-        k_cache, v_cache = kv
+        k_cache, v_cache = kv  # in the model's dtype, or float16 (a q4 target's, read widened)
         if cache_rows is None:
             k_cache[:B, :, start:start + T] = k
             v_cache[:B, :, start:start + T] = v
             keys, values = k_cache[:B, :, :start + T], v_cache[:B, :, :start + T]
         else:
             keys, values = k_cache[:B], v_cache[:B]
-            keys.index_copy_(2, cache_rows, k)
-            values.index_copy_(2, cache_rows, v)
-        out = attend(q, keys, values, bias)
+            keys.index_copy_(2, cache_rows, k.to(keys.dtype))
+            values.index_copy_(2, cache_rows, v.to(values.dtype))
+        out = attend(q, keys.to(q.dtype), values.to(q.dtype), bias)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 

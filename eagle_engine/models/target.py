@@ -68,9 +68,11 @@ class TargetModel(nn.Module):
         return self.embed_tokens.weight.device
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        """A cache in the model's dtype, or in the fused decoder's `kv_dtype` when it has one."""
         c = self.cfg
+        dtype = self.dtype if self.fused is None else self.fused.kv_dtype
         return KVCache(c.num_layers, batch, c.num_kv_heads, max_len or self.max_len, c.head_dim,
-                       self.dtype, self.device)
+                       dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
