@@ -49,7 +49,9 @@ constexpr int64_t kGroup = 32;
 // widens every step. Where the CPU has AVX512-VNNI (AVX-512 Xeons and EPYCs; built with
 // -march=native) one `vpdpbusd` on the same 256-bit vectors does maddubs, madd and the add at
 // once, straight into int32 (q4 keeps two sums a row, low and high nibbles, so that no row waits
-// on one long chain). Both paths sum the same integers exactly, so they give the same bits.
+// on one long chain; q8 multiplies the codes shifted to unsigned, c + 128, once for all rows,
+// and takes 128 * sum(q) back off, where the AVX2 path moves each code's sign onto every row's
+// activations). Both paths sum the same integers exactly, so they give the same bits.
 // Every output lane sums its blocks in order, so each row gets the same bits whatever the
 // number of rows in the call or the tile it falls in.
 
@@ -59,15 +61,17 @@ LOWBIT_INLINE float hmax(__m256 v) {  // the largest of the 8 lanes
   return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
 }
 
-struct Acts {  // activation rows quantized per block: q [M, K] int8, d and s [M, K/32]
+struct Acts {  // activation rows quantized per block: q [M, K] int8; d, s and sum(q) [M, K/32]
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<int32_t> sum;
   int64_t K, B;
 };
 
 Acts quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t B = K / kGroup;
-  Acts a{std::vector<int8_t>(M * K), std::vector<float>(M * B), std::vector<float>(M * B), K, B};
+  Acts a{std::vector<int8_t>(M * K), std::vector<float>(M * B), std::vector<float>(M * B),
+         std::vector<int32_t>(M * B), K, B};
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t i = 0; i < M * B; ++i) {
@@ -89,7 +93,8 @@ Acts quantize_rows(const float* x, int64_t M, int64_t K) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(t),
                        _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3])));
     a.d[i] = d;
-    a.s[i] = d * float(t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7]);
+    a.sum[i] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    a.s[i] = d * float(a.sum[i]);
   }
   return a;
 }
@@ -183,7 +188,26 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
         acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
         acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[i]), acc[r]);
       }
-    } else {
+    } else if constexpr (kVnni) {
+      // codes c + 128 (c ^ 0x80, unsigned, once for every row) against the signed activations:
+      // sum((c + 128) * q) - 128 * sum(q) = sum(c * q), the integers of the AVX2 path below
+      const __m256i flip = _mm256_set1_epi8(char(0x80));
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const __m256i u = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + 32 * s)), flip);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) sum[r] = dot4(sum[r], u, broadcast4(xb[r] + 4 * s));
+      }
+      const __m256 dw = load8_half(ws);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (m0 + r) * x.B + b;
+        const __m256i total = _mm256_sub_epi32(sum[r], _mm256_set1_epi32(128 * x.sum[i]));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
+                                 _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
+      }
+    } else {  // u8 x s8 pairs saturate int16 past 32767: |c| against q with c's sign
 #pragma GCC unroll 8
       for (int s = 0; s < 8; ++s) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + 32 * s));
