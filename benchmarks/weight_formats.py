@@ -4,9 +4,10 @@
     PYTHONPATH=. python benchmarks/weight_formats.py [--context 300] [--repeats 21] \
         [--sizes 1,4,8,16]
 
-Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, int8 activations, `models/cpu_lowbit.py`),
-the same without the fused C++ decoder (its Python layers, one kernel call per linear), dense
-fp32, and dense bf16 where the CPU has native bf16. Forward times are medians of
+Formats: q4 (the GGUF's Q4_1 codes, Q8_0 lm_head, int8 activations, float16 KV cache,
+`models/cpu_lowbit.py`), the same linears without the fused C++ decoder (its Python layers, one
+kernel call per linear) over a float32 KV cache, dense fp32, and dense bf16 where the CPU has
+native bf16. Forward times are medians of
 interleaved rounds after warm-up at `--context` tokens of cache (`bench.interleaved_medians`).
 Closeness: teacher-forced next-token agreement and KL(fp32 || format) over fp32's greedy answers
 to three prompts. Prints JSON with the CPU's vector flags.
@@ -63,8 +64,9 @@ def main() -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     unfused = EagleEngine.load(EngineConfig(drafts=(), weights="q4"))
     unfused.target.fused = None  # the same q4 linears through the Python layers
+    unfused.cache = unfused.target.new_cache(max_len=unfused.config.max_len)  # float32 KV
     engines = {"q4": EagleEngine.load(EngineConfig(drafts=(), weights="q4")),
-               "q4 Python layers": unfused,
+               "q4 Python layers, fp32 KV": unfused,
                "fp32": EagleEngine.load(EngineConfig(drafts=(), weights="dense", dtype="fp32"))}
     if native_bf16("cpu"):
         engines["bf16"] = EagleEngine.load(EngineConfig(drafts=(), weights="dense",
