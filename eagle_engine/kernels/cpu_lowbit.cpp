@@ -24,7 +24,8 @@
 #include <vector>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "the low-bit kernels need AVX2, FMA and F16C (cpu_lowbit.load() checks the CPU before building)"
+// cpu_lowbit.load() checks the CPU before building
+#error "the low-bit kernels need AVX2, FMA and F16C"
 #endif
 #include <immintrin.h>
 
@@ -270,7 +271,8 @@ const uint16_t* half_bits(const torch::Tensor& scales) {
 
 torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t N) {
-  return product(Packed<true>{codes.data_ptr<uint8_t>(), half_bits(scales), x.size(1) / kGroup}, x, N);
+  return product(Packed<true>{codes.data_ptr<uint8_t>(), half_bits(scales), x.size(1) / kGroup},
+                 x, N);
 }
 
 torch::Tensor q8_matmul(const torch::Tensor& x, const torch::Tensor& codes,
@@ -349,11 +351,12 @@ void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t strid
 }
 
 // One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
-// [kv_heads, max_len, hd] float16, widened to float32 as they are read. The query rows that share a kv head (its g heads x T tokens) go in
-// tasks of up to 8, which pass over the keys and values in chunks of 64 that stay in L1 for all
-// of them. A row's scores run over the cache rows up to its last visible one (the bias is -inf
-// past it); masked keys weigh exactly 0. So a row's numbers do not depend on the other rows of
-// the call, and a tree row equals the same token decoded alone after its path.
+// [kv_heads, max_len, hd] float16, widened to float32 as they are read. The query rows that
+// share a kv head (its g heads x T tokens) go in tasks of up to 8, which pass over the keys and
+// values in chunks of 64 that stay in L1 for all of them. A row's scores run over the cache
+// rows up to its last visible one (the bias is -inf past it); masked keys weigh exactly 0. So a
+// row's numbers do not depend on the other rows of the call, and a tree row equals the same
+// token decoded alone after its path.
 struct AttnSeq {
   const float* q;
   int64_t qs;
@@ -648,7 +651,8 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
       const int64_t start = starts[i];
       for (int64_t t = 0; t < d.T; ++t)
         for (int64_t j = 0; j < kv_heads; ++j) {
-          store8_half(qs + t * qkv_w + (heads + j) * hd, kc + (j * d.max_len + start + t) * hd, hd);
+          store8_half(qs + t * qkv_w + (heads + j) * hd, kc + (j * d.max_len + start + t) * hd,
+                      hd);
           store8_half(qs + t * qkv_w + (heads + kv_heads + j) * hd,
                       vc + (j * d.max_len + start + t) * hd, hd);
         }

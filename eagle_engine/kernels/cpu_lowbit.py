@@ -54,8 +54,8 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
         raise ConfigError("the q4 CPU weights need a C++ compiler (g++) to build their kernel "
                           "at first use; install g++ or choose --weights dense")
     if not set(LOWBIT_CPU_FLAGS) <= set(cpu_flags()):
-        raise ConfigError(f"the q4 CPU kernels need AVX2, FMA and F16C; this CPU has {cpu_flags()}; "
-                          "choose --weights dense")
+        raise ConfigError(f"the q4 CPU kernels need AVX2, FMA and F16C; this CPU has "
+                          f"{cpu_flags()}; choose --weights dense")
     from torch.utils.cpp_extension import load as load_extension
 
     flags = FLAGS + list(extra_flags)
