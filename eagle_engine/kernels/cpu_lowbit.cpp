@@ -144,6 +144,23 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 }
 #endif
 
+// The weights a product reads a block at a time stream from memory (a one-token step reads
+// every layer once), and the hardware's prefetchers stop at each 4 KB page: without a hint
+// the multiplies wait on memory and the rows of a tree verify add their compute to the wait.
+// Each block asks for the codes kPrefetch bytes ahead and the scales as far ahead in blocks
+// (a hint: addresses past the tensor's end do not fault). 4 KB measured best on the AMX Xeon
+// (docs/results.md, section 18: 2 KB slower, 8-16 KB the same).
+constexpr int64_t kPrefetch = 4096;
+
+template <bool kQ4>
+LOWBIT_INLINE void prefetch(const uint8_t* codes, const uint16_t* scales) {
+  const char* c = reinterpret_cast<const char*>(codes) + kPrefetch;
+#pragma GCC unroll 4
+  for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64) _mm_prefetch(c + line, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(scales) +
+                   kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2, _MM_HINT_T0);
+}
+
 // R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
 template <int R, bool kQ4>
 LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t m0,
@@ -155,6 +172,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
   for (int64_t b = 0; b < w.B; ++b) {
     const uint8_t* wc = w.codes + (g * w.B + b) * Packed<kQ4>::kBytes;
     const uint16_t* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
+    prefetch<kQ4>(wc, ws);
     const int8_t* xb[R];
     __m256i sum[R], sum_hi[R];  // sum_hi: VNNI's high-nibble sums (AVX2 adds all into sum)
 #pragma GCC unroll 8
