@@ -1,17 +1,19 @@
 """What do the q4 / q8 CPU kernels cost per number of activation rows, on the bundled target's
-shapes, with the weights in cache (compute, not memory)?
+shapes, with the weights in cache (compute, not memory), and streamed from memory?
 
     PYTHONPATH=. python benchmarks/lowbit_kernels.py [--threads 2] [--rows 1,2,4,8,16] \
-        [--compare-flags=-mno-avx512vnni]
+        [--streamed] [--compare-flags=-mno-avx512vnni]
 
 Times `q4_linear` over the four linears of one decoder layer (qkv 576->960, o 576->576,
 gate_up 576->3072, down 1536->576) and `q8_linear` over the lm_head (576->49152) on random
 weights, mean microseconds of repeated calls after warm-up. A target forward of n tokens
 streams 30 such layers and the lm_head from memory, so these figures are the compute floor
-of `weight_formats.py`'s. `--compare-flags` also builds the kernels with those compiler flags
-added (`-mno-avx512vnni`: the AVX2 products on a VNNI CPU) and times both builds in
-alternating rounds, after checking that they give the same bits. Prints JSON with the CPU's
-vector flags.
+of `weight_formats.py`'s. `--streamed` also times what a forward reads: 30 distinct copies of
+the layer's linears and the lm_head one after the other (~96 MB, so each comes from memory),
+median milliseconds of 7 passes. `--compare-flags` also builds the kernels with those compiler
+flags added (`-mno-avx512vnni`: the AVX2 products on a VNNI CPU; `-DLOWBIT_PREFETCH_BYTES=0`:
+no prefetch hints) and times both builds in alternating rounds, after checking that they give
+the same bits. Prints JSON with the CPU's vector flags.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from eagle_engine.models.cpu_lowbit import quantize_q4, quantize_q8
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of qkv, o, gate_up, down
 LM_HEAD = (49152, 576)
+TARGET_LAYERS = 30
 
 
 def mean_us(fn: Callable[[], object], repeats: int) -> float:
@@ -43,6 +46,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--streamed", action="store_true",
+                    help="also time 30 distinct layers and the lm_head, read from memory")
     ap.add_argument("--compare-flags", default="",
                     help="space-separated compiler flags of a second build to time beside this one")
     args = ap.parse_args()
@@ -56,7 +61,12 @@ def main() -> None:
     n, k = LM_HEAD
     head = cpu_lowbit.pack_q8(*quantize_q8(torch.randn(n, k, generator=g)))
     report: dict = {"cpu_flags": cpu_flags(), "threads": args.threads,
-                    **{key: {"layer_us": {}, "lm_head_us": {}} for key in builds}}
+                    **{key: {"layer_us": {}, "lm_head_us": {}, "streamed_ms": {}}
+                       for key in builds}}
+    # 30 distinct copies of the layer: a pass reads ~66 MB of q4 codes and scales, then the
+    # lm_head's ~30 MB, more than the caches keep between passes
+    stack = [[(nn, kk, tuple(t.clone() for t in packed)) for nn, kk, packed in layer]
+             for _ in range(TARGET_LAYERS)] if args.streamed else []
     for m in (int(r) for r in args.rows.split(",")):
         xs = {kk: torch.randn(m, kk, generator=g) for kk in {kk for _, kk in LAYER}}
         x = torch.randn(m, k, generator=g)
@@ -70,6 +80,18 @@ def main() -> None:
                 for name, fn, reps in (("layer_us", layer_fn, 200), ("lm_head_us", head_fn, 20)):
                     us = round(mean_us(fn, reps), 1)
                     report[key][name][m] = min(report[key][name].get(m, us), us)
+        if stack:
+            passes: dict[str, list[float]] = {key: [] for key in builds}
+            for _ in range(7):  # alternating passes; the median of each build
+                for key, b in builds.items():
+                    t0 = time.perf_counter()
+                    for linears in stack:
+                        for nn, kk, packed in linears:
+                            b.q4_linear(xs[kk], *packed, nn)
+                    b.q8_linear(x, *head, n)
+                    passes[key].append(time.perf_counter() - t0)
+            for key, ts in passes.items():
+                report[key]["streamed_ms"][m] = round(sorted(ts)[len(ts) // 2] * 1e3, 3)
     print(json.dumps(report, indent=1))
 
 

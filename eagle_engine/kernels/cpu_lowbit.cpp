@@ -149,16 +149,24 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // the multiplies wait on memory and the rows of a tree verify add their compute to the wait.
 // Each block asks for the codes kPrefetch bytes ahead and the scales as far ahead in blocks
 // (a hint: addresses past the tensor's end do not fault). 4 KB measured best on the AMX Xeon
-// (docs/results.md, section 18: 2 KB slower, 8-16 KB the same).
-constexpr int64_t kPrefetch = 4096;
+// (docs/results.md, section 18: 2 KB slower, 8-16 KB the same). Building with
+// -DLOWBIT_PREFETCH_BYTES=0 turns the hints off (`benchmarks/lowbit_kernels.py --streamed
+// --compare-flags=-DLOWBIT_PREFETCH_BYTES=0` times both builds).
+#ifndef LOWBIT_PREFETCH_BYTES
+#define LOWBIT_PREFETCH_BYTES 4096
+#endif
+constexpr int64_t kPrefetch = LOWBIT_PREFETCH_BYTES;
 
 template <bool kQ4>
 LOWBIT_INLINE void prefetch(const uint8_t* codes, const uint16_t* scales) {
-  const char* c = reinterpret_cast<const char*>(codes) + kPrefetch;
+  if constexpr (kPrefetch > 0) {
+    const char* c = reinterpret_cast<const char*>(codes) + kPrefetch;
 #pragma GCC unroll 4
-  for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64) _mm_prefetch(c + line, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(scales) +
-                   kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2, _MM_HINT_T0);
+    for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64)
+      _mm_prefetch(c + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scales) +
+                     kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2, _MM_HINT_T0);
+  }
 }
 
 // R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
