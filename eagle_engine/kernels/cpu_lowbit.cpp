@@ -396,16 +396,20 @@ struct AttnSeq {
 
 constexpr int64_t kMaxRows = 8, kChunk = 64;
 
-// out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (value rows hd floats apart). The
-// head width in vectors, V, is a compile-time constant so that the V sums stay in registers.
+// out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (value rows hd floats apart), and
+// *total += the p[k], in key order (the softmax's denominator, summed while the adds wait on
+// the products instead of in a loop of its own). The head width in vectors, V, is a
+// compile-time constant so that the V sums stay in registers.
 template <int V>
 void weigh_values(const float* p, const uint16_t* v, int64_t hd, int64_t k0, int64_t k1,
-                  float* out) {
+                  float* out, float* total) {
   __m256 acc[V > 0 ? V : 1];
+  float sum = *total;
 #pragma GCC unroll 16
   for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(out + 8 * i);
   for (int64_t k = k0; k < k1; ++k) {
-    if (p[k] == 0.f) continue;  // a masked key
+    if (p[k] == 0.f) continue;  // a masked key (adds nothing to either sum)
+    sum += p[k];
     const __m256 pk = _mm256_set1_ps(p[k]);
 #pragma GCC unroll 16
     for (int i = 0; i < V; ++i)
@@ -413,9 +417,11 @@ void weigh_values(const float* p, const uint16_t* v, int64_t hd, int64_t k0, int
   }
 #pragma GCC unroll 16
   for (int i = 0; i < V; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+  *total = sum;
 }
 
-using WeighValues = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, float*);
+using WeighValues = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, float*,
+                            float*);
 template <int... V>
 constexpr std::array<WeighValues, sizeof...(V)> weigh_table(std::integer_sequence<int, V...>) {
   return {&weigh_values<V>...};
@@ -520,14 +526,14 @@ void attention(const std::vector<AttnSeq>& seqs) {
           _mm256_storeu_ps(p + s, vexp(_mm256_sub_ps(_mm256_loadu_ps(p + s), vmx)));
         _mm256_store_ps(tail, vexp(_mm256_sub_ps(vt, vmx)));
         for (int64_t k = 0; full + k < S; ++k) p[full + k] = tail[k];
-        total[r] = 0.f;
-        for (int64_t k = 0; k < S; ++k) total[r] += p[k];
+        total[r] = 0.f;  // summed by `weigh` below
         std::memset(orow[r], 0, d.hd * sizeof(float));
       }
       const WeighValues weigh = kWeighValues[V];
       for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // weighted values, accumulated in out
         for (int64_t r = 0; r < nr; ++r)
-          weigh(scores.data() + r * d.S, vh, d.hd, c0, std::min(c0 + kChunk, end[r]), orow[r]);
+          weigh(scores.data() + r * d.S, vh, d.hd, c0, std::min(c0 + kChunk, end[r]), orow[r],
+                &total[r]);
       for (int64_t r = 0; r < nr; ++r) {
         const __m256 inv = _mm256_set1_ps(1.f / total[r]);
         for (int64_t v = 0; v < V; ++v)
