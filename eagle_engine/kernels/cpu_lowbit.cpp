@@ -270,14 +270,11 @@ void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_
   }
 }
 
-// y [M, N] = x [M, K] @ W^T. Groups of 8 columns split over ATen's threads; a group's codes
-// (a few KB) stay in L1 while every tile of up to 4 rows passes over them.
+// y [M, N] = x [M, K] @ W^T, into y. Groups of 8 columns split over ATen's threads; a group's
+// codes (a few KB) stay in L1 while every tile of up to 4 rows passes over them.
 template <bool kQ4>
-torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const Acts a = quantize_rows(x.data_ptr<float>(), M, K);
-  auto out = torch::empty({M, N}, x.options());
-  float* y = out.data_ptr<float>();
+void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
+  const Acts a = quantize_rows(x, M, K);
   at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       int64_t m = 0;
@@ -288,24 +285,35 @@ torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
       if (left == 1) group_rows<1>(w, a, y, N, g, m);
     }
   });
-  return out;
 }
 
 const uint16_t* half_bits(const torch::Tensor& scales) {
   return reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
 }
 
+Packed<true> q4_weight(const torch::Tensor& codes, const torch::Tensor& scales, int64_t K) {
+  return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup};
+}
+
+Packed<false> q8_weight(const torch::Tensor& codes, const torch::Tensor& scales, int64_t K) {
+  return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales), K / kGroup};
+}
+
+template <bool kQ4>
+torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
+  auto out = torch::empty({x.size(0), N}, x.options());
+  product(w, x.data_ptr<float>(), x.size(0), x.size(1), N, out.data_ptr<float>());
+  return out;
+}
+
 torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t N) {
-  return product(Packed<true>{codes.data_ptr<uint8_t>(), half_bits(scales), x.size(1) / kGroup},
-                 x, N);
+  return product(q4_weight(codes, scales, x.size(1)), x, N);
 }
 
 torch::Tensor q8_matmul(const torch::Tensor& x, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t N) {
-  return product(Packed<false>{reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()),
-                               half_bits(scales), x.size(1) / kGroup},
-                 x, N);
+  return product(q8_weight(codes, scales, x.size(1)), x, N);
 }
 
 // exp(x) per lane (Cephes-style range reduction and a degree-6 polynomial, ~2 ulp); exactly 0
@@ -543,6 +551,13 @@ void attention(const std::vector<AttnSeq>& seqs) {
   });
 }
 
+void add_into(float* h, const float* x, int64_t n) {  // h += x (the bits of ATen's add_)
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(h + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) h[i] += x[i];
+}
+
 void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < I; i += 8) {
@@ -639,17 +654,26 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     rows += d.T;
   }
   TORCH_CHECK(rows == T, "the sequences' lengths add up to ", rows, ", h has ", T, " rows");
-  // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups
-  auto mm = [q8](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& s) {
+  // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups.
+  // Every product writes into a buffer allocated once per call, and the residual adds run
+  // here: ATen's empty and add_ cost ~1 and ~2.5 us a call, ~0.25 ms a one-token forward.
+  auto mm = [q8](const float* x, int64_t K, const torch::Tensor& codes, const torch::Tensor& s,
+                 int64_t T, float* y) {
     const int64_t N = codes.size(0) * 8;
-    return q8 ? q8_matmul(x, codes, s, N) : q4_matmul(x, codes, s, N);
+    if (q8) product(q8_weight(codes, s, K), x, T, K, N, y);
+    else product(q4_weight(codes, s, K), x, T, K, N, y);
   };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
   auto aux = torch::empty({T, int64_t(aux_ids.size()) * H}, h.options());
   auto xn = torch::empty({T, H}, h.options());
   auto attn = torch::empty({T, heads * hd}, h.options());
   auto act = torch::empty({T, inter}, h.options());
+  auto qkv = torch::empty({T, qkv_w}, h.options());
+  auto gu = torch::empty({T, 2 * inter}, h.options());
+  auto proj = torch::empty({T, H}, h.options());  // o_proj's and down's outputs
   float* hp = h.data_ptr<float>();
+  float* qp = qkv.data_ptr<float>();
+  float* pp = proj.data_ptr<float>();
   auto capture = [&](int64_t layer) {
     for (size_t a = 0; a < aux_ids.size(); ++a)
       if (aux_ids[a] == layer)
@@ -670,8 +694,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     } else {
       rms_norm(hp, w[0].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
     }
-    auto qkv = mm(x, w[1], w[2]);  // [T, qkv_w]
-    float* qp = qkv.data_ptr<float>();
+    mm(x.data_ptr<float>(), x.size(1), w[1], w[2], T, qp);  // qkv [T, qkv_w]
     rope(qp, cos.data_ptr<float>(), sin.data_ptr<float>(), T, qkv_w, heads + kv_heads, hd);
     std::vector<AttnSeq> parts;
     for (size_t i = 0; i < n_seq; ++i) {  // each sequence: its own cache rows and attention
@@ -692,11 +715,13 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
                                attn.data_ptr<float>() + offsets[i] * heads * hd, d));
     }
     attention(parts);
-    h.add_(mm(attn, w[3], w[4]));
+    mm(attn.data_ptr<float>(), heads * hd, w[3], w[4], T, pp);
+    add_into(hp, pp, T * H);
     rms_norm(hp, w[5].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
-    auto gu = mm(xn, w[6], w[7]);
+    mm(xn.data_ptr<float>(), H, w[6], w[7], T, gu.data_ptr<float>());
     silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, inter);
-    h.add_(mm(act, w[8], w[9]));
+    mm(act.data_ptr<float>(), inter, w[8], w[9], T, pp);
+    add_into(hp, pp, T * H);
     w += per_layer;
   }
   capture(layers);
