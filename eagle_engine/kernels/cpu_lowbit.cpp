@@ -657,8 +657,8 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups.
   // Every product writes into a buffer allocated once per call, and the residual adds run
   // here: ATen's empty and add_ cost ~1 and ~2.5 us a call, ~0.25 ms a one-token forward.
-  auto mm = [q8](const float* x, int64_t K, const torch::Tensor& codes, const torch::Tensor& s,
-                 int64_t T, float* y) {
+  auto mm = [q8, T](const float* x, int64_t K, const torch::Tensor& codes,
+                    const torch::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
     const int64_t N = codes.size(0) * 8;
     if (q8) product(q8_weight(codes, s, K), x, T, K, N, y);
     else product(q4_weight(codes, s, K), x, T, K, N, y);
@@ -694,7 +694,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     } else {
       rms_norm(hp, w[0].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
     }
-    mm(x.data_ptr<float>(), x.size(1), w[1], w[2], T, qp);  // qkv [T, qkv_w]
+    mm(x.data_ptr<float>(), x.size(1), w[1], w[2], qp);  // qkv [T, qkv_w]
     rope(qp, cos.data_ptr<float>(), sin.data_ptr<float>(), T, qkv_w, heads + kv_heads, hd);
     std::vector<AttnSeq> parts;
     for (size_t i = 0; i < n_seq; ++i) {  // each sequence: its own cache rows and attention
@@ -715,12 +715,12 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
                                attn.data_ptr<float>() + offsets[i] * heads * hd, d));
     }
     attention(parts);
-    mm(attn.data_ptr<float>(), heads * hd, w[3], w[4], T, pp);
+    mm(attn.data_ptr<float>(), heads * hd, w[3], w[4], pp);
     add_into(hp, pp, T * H);
     rms_norm(hp, w[5].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
-    mm(xn.data_ptr<float>(), H, w[6], w[7], T, gu.data_ptr<float>());
+    mm(xn.data_ptr<float>(), H, w[6], w[7], gu.data_ptr<float>());
     silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, inter);
-    mm(act.data_ptr<float>(), inter, w[8], w[9], T, pp);
+    mm(act.data_ptr<float>(), inter, w[8], w[9], pp);
     add_into(hp, pp, T * H);
     w += per_layer;
   }
