@@ -404,7 +404,7 @@ struct AttnSeq {
 
 constexpr int64_t kMaxRows = 8, kChunk = 64;
 
-// out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (value rows hd floats apart), and
+// out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (float16 value rows hd apart), and
 // *total += the p[k], in key order (the softmax's denominator, summed while the adds wait on
 // the products instead of in a loop of its own). The head width in vectors, V, is a
 // compile-time constant so that the V sums stay in registers.
