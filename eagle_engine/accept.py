@@ -83,5 +83,5 @@ def draft_input_after(model: Eagle3Draft, ext: EagleDraftExtendInput, logits: to
                       hidden: torch.Tensor, topk: int) -> EagleDraftInput:
     """The next draft's input from the extend's last row: logits [Vd], hidden [Hd]."""
     topk_p, topk_idx = torch.softmax(logits, -1).topk(topk)
-    return EagleDraftInput(topk_p=topk_p, topk_ids=model.hot_ids[topk_idx], hidden=hidden,
+    return EagleDraftInput(topk_p=topk_p, topk_ids=model.target_ids(topk_idx), hidden=hidden,
                            root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())

@@ -30,7 +30,7 @@ import torch
 
 from .config import CONTEXT_DRAFTS, SamplingParams, TreeParams, cache_root, cpu_flags, cpu_model
 from .engine import head_source
-from .kernels.cpu_lowbit import SOURCE
+from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
     """Keyed by what decides the speeds, not by which weight formats were loaded."""
     config = engines[0].config
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
-                      cpu_flags(), hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+                      cpu_flags(), source_digest(),
                       config.target, config.device, head_digest(head), torch.get_num_threads(),
                       CANDIDATES,
                       PROMPTS, NEW_TOKENS, CONTEXT_DRAFTS])

@@ -49,7 +49,7 @@ def draft_many(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[K
             rows.append(SeqRows(front.ids, positions, caches[i], seq + step * K, mask,
                                 front.hidden))
         for i, (logits, h) in zip(live, draft_forward(model, rows, from_target=False)):
-            fronts[i], level = expand(fronts[i], logits[0], h[0], model.hot_ids)
+            fronts[i], level = expand(fronts[i], logits[0], h[0], model.target_ids)
             levels[i].append(level)
     return [join(lv) for lv in levels]
 

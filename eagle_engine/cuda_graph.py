@@ -195,7 +195,7 @@ def draft_decode_static(model: Eagle3Draft, b: GraphBuffers, cache: KVCache,
         rows = b.seq_len + step * K + torch.arange(K, device=dev)  # [K]
         logits, h = model(front.ids[None], front.hidden[None], positions, cache, 0, mask,
                           from_target=False, cache_rows=rows)
-        front, level = expand(front, logits[0], h[0], model.hot_ids)
+        front, level = expand(front, logits[0], h[0], model.target_ids)
         levels.append(level)
     return join(levels)
 
@@ -315,7 +315,7 @@ class DraftExtendRunner(GraphRunner):
                                b.mask[None], from_target=True, last_only=True,
                                cache_rows=b.cache_rows)
         topk_p, topk_idx = torch.softmax(logits[0, -1], -1).topk(self.topk)
-        return topk_p, self.model.hot_ids[topk_idx], self.capture_hidden.select(h[0])
+        return topk_p, self.model.target_ids(topk_idx), self.capture_hidden.select(h[0])
 
     def slice_out(self, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                   ext: EagleDraftExtendInput) -> EagleDraftInput:

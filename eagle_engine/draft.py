@@ -7,6 +7,7 @@ static-shape (CUDA-graph) draft in `cuda_graph.py`. Not here: choosing the final
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,14 +44,14 @@ class Frontier:
 
 
 def expand(front: Frontier, logits: torch.Tensor, hidden: torch.Tensor,
-           hot_ids: torch.Tensor) -> tuple[Frontier, DraftTree]:
+           target_ids: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Frontier, DraftTree]:
     """One level: logits [K, draft_vocab] and hidden [K, Hd] of the decode step over the frontier
     -> the K*K children (each node's top-K) as candidates, and the best K paths among them as
-    the next frontier."""
+    the next frontier. `target_ids` maps draft ids to target ids (`Eagle3Draft.target_ids`)."""
     K = front.ids.numel()
     child_p, child_idx = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K]
     path = (front.score[:, None] * child_p).flatten()  # [K*K] cumulative probability
-    level = DraftTree(scores=path, tokens=hot_ids[child_idx].flatten(),
+    level = DraftTree(scores=path, tokens=target_ids(child_idx).flatten(),
                       parents=front.index.repeat_interleave(K))
     score, best = path.topk(K)
     slot = best // K  # [K] frontier slot of each new node's parent
@@ -71,15 +72,17 @@ def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
           tree: TreeParams) -> DraftTree:
     K, S, seq = tree.topk, tree.num_steps, inp.seq_len
     dev = inp.topk_ids.device
-    eye = torch.eye(K, dtype=torch.bool, device=dev)
     front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
     levels = [first]
+    if S == 1:  # the extend's top-k is the whole draft
+        return first
+    eye = torch.eye(K, dtype=torch.bool, device=dev)
     prefix = torch.ones(K, seq, dtype=torch.bool, device=dev)
     positions = torch.full((1, K), seq, device=dev)
     for step in range(S - 1):
         mask = torch.cat([prefix, front.ancestry, eye], dim=1)[None]  # [1, K, seq + (step+1)K]
         logits, h = model(front.ids[None], front.hidden[None], positions + step, cache,
                           seq + step * K, mask, from_target=False)
-        front, level = expand(front, logits[0], h[0], model.hot_ids)
+        front, level = expand(front, logits[0], h[0], model.target_ids)
         levels.append(level)
     return join(levels)

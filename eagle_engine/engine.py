@@ -43,7 +43,7 @@ from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .prefix_cache import PrefixCache
 from .sampling import next_token
-from .tree import build_tree, merge_context
+from .tree import tree_input
 from .verify import TreeLogits, greedy_acceptance, sampled_acceptance
 
 log = logging.getLogger(__name__)
@@ -383,9 +383,7 @@ class Run:
         """The head's candidates, with the context's chain merged in when there is one, as the
         tree to verify."""
         ctx = self.context.propose(self.tree.num_draft_tokens - 1) if self.context else None
-        if ctx:
-            drafted = merge_context(drafted, ctx, self.tree)
-        return build_tree(drafted, state.root, state.seq_len, self.tree)
+        return tree_input(drafted, ctx, state.root, state.seq_len, self.tree)
 
     def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:
         t0 = time.perf_counter()

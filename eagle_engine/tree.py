@@ -2,7 +2,9 @@
 all candidates to the best `num_draft_tokens - 1`, put the root in front and build what
 verification needs (parents, depth, ancestor mask, retrieve indices, each node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
-the candidate order) is always selected before its children. Not here: drafting, finding the
+the candidate order) is always selected before its children. `tree_input` runs the whole phase;
+on a CPU with the kernels built it is one C++ call (`kernels/cpu_step.cpp`, the same tree as
+`merge_context` then `build_tree`, which run everywhere else). Not here: drafting, finding the
 context's chain (`context_draft.py`) or verifying.
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 
 from .config import TreeParams
 from .io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
-from .kernels import build_tree_from_parents
+from .kernels import build_tree_from_parents, cpu_step
 
 
 def filled(values: list[int] | list[float], dtype: torch.dtype, device: torch.device
@@ -88,3 +90,22 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
                             retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
                             sources=sources)
+
+
+def tree_input(drafted: DraftTree, ctx: ContextDraft | None, root: torch.Tensor,
+               seq_len: int, tree: TreeParams) -> EagleVerifyInput:
+    """The head's candidates, with the context's chain merged in when there is one (`ctx`),
+    as the tree to verify; root: [1] int64 on the tree's device."""
+    cpu = cpu_step(drafted.tokens)
+    if cpu is None:
+        if ctx:
+            drafted = merge_context(drafted, ctx, tree)
+        return build_tree(drafted, root, seq_len, tree)
+    sources = torch.empty(0, dtype=torch.long) if drafted.sources is None else drafted.sources
+    tokens, parents, depth, ancestors, retrieve, scores, node_sources = cpu.build_tree(
+        drafted.scores.contiguous(), drafted.tokens.contiguous(), drafted.parents.contiguous(),
+        sources.contiguous(), ctx.tokens if ctx else [], ctx.scores if ctx else [],
+        tree.num_steps, root.reshape(1), tree.num_draft_tokens, tree.max_depth)
+    return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
+                            retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
+                            sources=node_sources)

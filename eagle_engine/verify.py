@@ -18,7 +18,7 @@ import torch
 
 from .config import SamplingParams
 from .io_struct import EagleVerifyInput, EagleVerifyOutput
-from .kernels import verify_tree_greedy
+from .kernels import cpu_step, verify_tree_greedy
 from .kv_cache import KVCache, tree_mask
 from .models.target import TargetModel
 from .sampling import greedy, sample_from, target_probs
@@ -52,7 +52,18 @@ def accepted_path(vin: EagleVerifyInput, best: torch.Tensor, bonus: torch.Tensor
 
 
 def greedy_acceptance(vin: EagleVerifyInput, logits: torch.Tensor) -> EagleVerifyOutput:
-    """The longest path whose every token is the target's argmax after its parent."""
+    """The longest path whose every token is the target's argmax after its parent (one C++
+    call on a CPU with the kernels built: `cpu_step.cpp`, the same result)."""
+    cpu = cpu_step(logits)
+    if cpu is not None and logits.dtype == torch.float32:
+        path, num_accepted, emitted = cpu.greedy_accept(
+            logits.contiguous(), vin.tokens, vin.parents, vin.depth, vin.retrieve_indices)
+        return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
+    return greedy_acceptance_torch(vin, logits)
+
+
+def greedy_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor) -> EagleVerifyOutput:
+    """`greedy_acceptance` as torch ops on any device (Triton kernels on CUDA)."""
     predict = greedy(logits)  # [N]
     best, _ = verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
     best = best.reshape(1)

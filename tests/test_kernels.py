@@ -96,7 +96,7 @@ def test_wrappers_refuse_bad_inputs() -> None:
         kv_compact.compact_kv(torch.zeros(1, 1, 8, 4), torch.tensor([6, 7]), 7)
 
 
-def test_cpu_dispatch_is_the_reference() -> None:
+def test_cpu_dispatch_gives_the_reference_results() -> None:
     parents = torch.tensor([-1, 0, 0, 1])
     assert not kernels.use_triton(parents)
     got = kernels.build_tree_from_parents(parents, 2)

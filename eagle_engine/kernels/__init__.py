@@ -1,7 +1,9 @@
-"""Tree bookkeeping kernels: Triton on CUDA when triton imports, the torch references otherwise.
+"""Tree bookkeeping kernels: Triton on CUDA when triton imports, C++ on a CPU once the q4
+weights have loaded the CPU kernels (`cpu_step.cpp`), the torch references otherwise.
 
 The Triton modules are imported lazily, on the first CUDA call, so the CPU path never imports
-triton. Every function keeps the reference's signature and results (tests/test_kernels.py).
+triton. Every function keeps the reference's signature and results (tests/test_kernels.py,
+tests/test_cpu_step.py).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from functools import cache
 
 import torch
 
-from . import reference
+from . import cpu_lowbit, reference
 
 
 @cache
@@ -22,6 +24,20 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
+def cpu_step(t: torch.Tensor):
+    """The built CPU kernels' module for a CPU tensor, else None."""
+    return cpu_lowbit.built() if t.device.type == "cpu" else None
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> ids [...] of each row's first maximum."""
+    cpu = cpu_step(logits)
+    if cpu is not None and logits.dtype == torch.float32 and logits.numel():
+        flat = logits.reshape(-1, logits.shape[-1]).contiguous()
+        return cpu.argmax_rows(flat).view(logits.shape[:-1])
+    return reference.argmax_rows(logits)
+
+
 def build_tree_from_parents(parents: torch.Tensor, max_depth: int
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """parents [N] -> depth [N], ancestors [N, N] bool, retrieve [N, max_depth+1]."""
@@ -29,6 +45,9 @@ def build_tree_from_parents(parents: torch.Tensor, max_depth: int
         from .tree_build import build_tree_from_parents as kernel
 
         return kernel(parents.contiguous(), max_depth)
+    cpu = cpu_step(parents)
+    if cpu is not None:
+        return tuple(cpu.tree_from_parents(parents.contiguous(), max_depth))
     return reference.build_tree_from_parents(parents, max_depth)
 
 
@@ -51,8 +70,12 @@ def compact_kv(cache: torch.Tensor, src_rows: torch.Tensor, dst_start: int) -> N
 
         kernel(cache, src_rows.contiguous(), dst_start)
         return
+    cpu = cpu_step(cache)
+    if cpu is not None and cache.is_contiguous():
+        cpu.compact_rows(cache, src_rows.contiguous(), dst_start)
+        return
     reference.compact_kv(cache, src_rows, dst_start)
 
 
-__all__ = ["build_tree_from_parents", "compact_kv", "triton_available", "use_triton",
+__all__ = ["argmax_rows", "build_tree_from_parents", "compact_kv", "cpu_step", "triton_available", "use_triton",
            "verify_tree_greedy"]

@@ -608,14 +608,16 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 // weights, per layer in order: input norm, [the first head layer: hidden norm,] qkv codes, qkv
 // scales, o codes, o scales, post-attention norm, gate_up codes, gate_up scales, down codes,
 // down scales. Returns [h after the last layer [R, H], aux [R, len(aux_ids) * H]: the inputs
-// of the layers `aux_ids` (ascending)].
+// of the layers `aux_ids` (ascending), h under the model's final RMSNorm `final_norm` [H] (the
+// lm_head's input; a Python RMSNorm costs ~80 us a call as six ATen ops)].
 std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, torch::Tensor cos,
                                          torch::Tensor sin, std::vector<torch::Tensor> kvs,
                                          std::vector<int64_t> starts, std::vector<int64_t> lens,
                                          std::vector<torch::Tensor> biases,
                                          std::vector<torch::Tensor> weights,
                                          int64_t heads, int64_t kv_heads, double eps,
-                                         std::vector<int64_t> aux_ids, bool q8) {
+                                         std::vector<int64_t> aux_ids, bool q8,
+                                         torch::Tensor final_norm) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [R, H] float32");
   const size_t n_seq = kvs.size();
   TORCH_CHECK(n_seq > 0 && starts.size() == n_seq && lens.size() == n_seq && biases.size() == n_seq,
@@ -725,10 +727,18 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     w += per_layer;
   }
   capture(layers);
-  return {h, aux};
+  TORCH_CHECK(final_norm.numel() == H && final_norm.scalar_type() == torch::kFloat &&
+                  final_norm.is_contiguous(),
+              "final_norm must be contiguous float32 [", H, "], got ", final_norm.sizes());
+  auto normed = torch::empty({T, H}, h.options());
+  rms_norm(hp, final_norm.data_ptr<float>(), normed.data_ptr<float>(), T, H, eps);
+  return {h, aux, normed};
 }
 
+void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same module
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_step(m);
   m.def("q4_linear", &q4_linear, "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
   m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers over the rows of one or more sequences");

@@ -34,14 +34,18 @@ from ..config import LOWBIT_CPU_FLAGS, ConfigError, cache_root, compiler_availab
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_suffix(".cpp")
+SOURCES = [Path(__file__).with_suffix(".cpp"), Path(__file__).with_name("cpu_step.cpp")]
 GROUP = 32  # inputs per block (scale, minimum)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 
 
+def source_digest() -> str:
+    """sha256 of the C++ sources: a changed source builds anew and measures anew."""
+    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()
+
+
 def build_dir(flags: list[str]) -> Path:
-    key = "|".join([torch.__version__, " ".join(flags), " ".join(cpu_flags()),
-                    hashlib.sha256(SOURCE.read_bytes()).hexdigest()])
+    key = "|".join([torch.__version__, " ".join(flags), " ".join(cpu_flags()), source_digest()])
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -74,7 +78,7 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
             log.warning("removing %s, left by a build that was stopped", stale)
             stale.unlink()
         try:
-            module = load_extension(name, [str(SOURCE)], extra_cflags=flags,
+            module = load_extension(name, [str(s) for s in SOURCES], extra_cflags=flags,
                                     extra_ldflags=["-fopenmp"], build_directory=str(out),
                                     verbose=False)
         except (RuntimeError, OSError, ImportError) as e:
@@ -84,6 +88,13 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
     if fresh:
         log.info("built the CPU low-bit kernels in %.1fs", time.perf_counter() - t0)
     return module
+
+
+def built() -> ModuleType | None:
+    """The module when this process has loaded it (the q4 weights load it), else None; never
+    builds. The per-iteration steps (`cpu_step.cpp`) use it where it is there and their torch
+    references elsewhere (a dense target, a CPU without the kernels' vector flags)."""
+    return load() if load.cache_info().currsize else None
 
 
 def q4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int

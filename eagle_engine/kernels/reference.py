@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> ids [...] of each row's first maximum (NaN first where a row holds
+    one); `max(-1)` is ~2.5-3x faster than `argmax` on CPU for the target's 49152-token rows
+    (`benchmarks/step_ops.py`)."""
+    return logits.max(-1).indices
+
+
 def build_tree_from_parents(parents: torch.Tensor, max_depth: int
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """parents [N] (-1 for the root, parent index < child index) ->

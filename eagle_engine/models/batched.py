@@ -56,10 +56,9 @@ def target_forward(target: TargetModel, seqs: list[SeqRows], aux_layer_ids: tupl
     lens = _lens(seqs)
     h = target.embed_tokens(torch.cat([s.ids for s in seqs]))  # [R, H]
     rope = target.rope.table(torch.cat([s.positions for s in seqs])[None], h.dtype)
-    h, aux = target.fused.many(h, rope.cos[0, 0], rope.sin[0, 0], [s.cache.data for s in seqs],
-                               [s.start for s in seqs], lens, [s.mask for s in seqs],
-                               aux_layer_ids)  # [R, H], [R, A] or None
-    h = target.norm(h)
+    _, h, aux = target.fused.many(h, rope.cos[0, 0], rope.sin[0, 0],
+                                  [s.cache.data for s in seqs], [s.start for s in seqs], lens,
+                                  [s.mask for s in seqs], aux_layer_ids)  # [R, H] normed, [R, A]
     rows = _last_rows(h, lens) if last_only else h  # [n or R, H]
     logits = target.lm_head(rows).float()
     logits = logits.split(1) if last_only else logits.split(lens)
@@ -81,13 +80,11 @@ def draft_forward(model: Eagle3Draft, seqs: list[SeqRows], from_target: bool,
     h = model.project(hidden) if from_target else hidden  # [R, Hd]
     embeds = model.embed_tokens(torch.cat([s.ids for s in seqs])).to(h.dtype)
     rope = model.rope.table(torch.cat([s.positions for s in seqs])[None], h.dtype)
-    h, _ = model.fused.many(h, rope.cos[0, 0], rope.sin[0, 0], [s.cache.data for s in seqs],
-                            [s.start for s in seqs], lens, [s.mask for s in seqs],
-                            embeds=embeds)  # [R, Hd]
+    h, normed, _ = model.fused.many(h, rope.cos[0, 0], rope.sin[0, 0],
+                                    [s.cache.data for s in seqs], [s.start for s in seqs], lens,
+                                    [s.mask for s in seqs], embeds=embeds)  # [R, Hd] each
     if model.cfg.norm_output:
-        h = model.norm(h)
-        logits = model.lm_head(_last_rows(h, lens) if last_only else h).float()
-    else:
-        logits = model.lm_head(model.norm(_last_rows(h, lens) if last_only else h)).float()
+        h = normed
+    logits = model.lm_head(_last_rows(normed, lens) if last_only else normed).float()
     logits = logits.split(1) if last_only else logits.split(lens)
     return [(lg[None], hh[None]) for lg, hh in zip(logits, h.split(lens))]

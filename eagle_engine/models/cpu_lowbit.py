@@ -158,6 +158,7 @@ class FusedDecoder:
                                      layer.post_attention_layernorm.weight.detach(),
                                      m.gate_up_proj.codes, m.gate_up_proj.scales,
                                      m.down_proj.codes, m.down_proj.scales]
+        self.final_norm = model.norm.weight.detach()  # [H] the lm_head's input norm
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -184,30 +185,32 @@ class FusedDecoder:
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, start: int, mask: torch.Tensor | None,
                  aux_layer_ids: tuple[int, ...] = (), embeds: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """h [1, T, H]; cos/sin [T, head_dim]; kv = `KVCache.data` of a one-row cache; mask
         [1, T, start+T] bool or None (every row visible); embeds [1, T, H] for a head ->
-        (h [1, T, H] after the last layer, aux [1, T, n*H] or None: the inputs of
-        `aux_layer_ids`, ascending)."""
-        out, aux = self.many(h[0], cos, sin, [kv], [start], [h.shape[1]],
-                             [None if mask is None else mask[0]], aux_layer_ids,
-                             None if embeds is None else embeds[0])
-        return out[None], (None if aux is None else aux[None])
+        (h [1, T, H] after the last layer, that h under the model's final norm [1, T, H],
+        aux [1, T, n*H] or None: the inputs of `aux_layer_ids`, ascending)."""
+        out, normed, aux = self.many(h[0], cos, sin, [kv], [start], [h.shape[1]],
+                                     [None if mask is None else mask[0]], aux_layer_ids,
+                                     None if embeds is None else embeds[0])
+        return out[None], normed[None], (None if aux is None else aux[None])
 
     def many(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              kvs: list[torch.Tensor], starts: list[int], lens: list[int],
              masks: list[torch.Tensor | None], aux_layer_ids: tuple[int, ...] = (),
-             embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             embeds: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Several sequences in one call: h [R, H] their rows one after the other (R =
         sum(lens)); cos/sin [R, head_dim]; kvs[i] the `KVCache.data` of sequence i's one-row
         cache, written from starts[i]; masks[i] [lens[i], starts[i]+lens[i]] bool or None
-        (every row visible); embeds [R, H] for a head -> (h [R, H], aux [R, n*H] or None).
+        (every row visible); embeds [R, H] for a head -> (h [R, H], h under the final norm
+        [R, H], aux [R, n*H] or None).
         Each sequence gets the bits it gets alone (the kernel runs attention per sequence)."""
         biases = [torch.empty(0) if m is None else
                   torch.zeros(m.shape).masked_fill_(~m, float("-inf")) for m in masks]  # [T, S]
         ids = sorted(set(aux_layer_ids))
         e = torch.empty(0) if embeds is None else embeds
-        out, aux = cpu_lowbit.load().fused_decoder(h, e, cos, sin, kvs, starts, lens, biases,
-                                                   self.weights, self.heads, self.kv_heads,
-                                                   self.eps, ids, self.q8)
-        return out, (aux if ids else None)
+        out, aux, normed = cpu_lowbit.load().fused_decoder(
+            h, e, cos, sin, kvs, starts, lens, biases, self.weights, self.heads, self.kv_heads,
+            self.eps, ids, self.q8, self.final_norm)
+        return out, normed, (aux if ids else None)

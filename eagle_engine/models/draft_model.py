@@ -83,6 +83,11 @@ class Eagle3Draft(nn.Module):
         """[Vd] target id of each draft id."""
         return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids [...] -> their target ids [...] (`hot_ids[draft_ids]` without building the
+        whole [Vd] map)."""
+        return draft_ids + self.d2t[draft_ids]
+
     def share_embedding(self, target_embed: nn.Embedding) -> None:
         """Use the target's embedding module (the common case: checkpoints omit it, and a
         saved head then omits it too)."""
@@ -119,14 +124,14 @@ class Eagle3Draft(nn.Module):
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
         if self.fused is not None and self.fused.applies(ids, cache_rows):
-            h = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
-                           embeds=embeds)[0]
+            h, normed, _ = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
+                                      embeds=embeds)  # [B, T, Hd] each
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             for i, layer in enumerate(self.layers):
                 h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
+            normed = self.norm(h)  # [B, T, Hd]
         if self.cfg.norm_output:
-            h = self.norm(h)  # [B, T, Hd], recycled and read by the lm_head
-            return self.lm_head(h[:, -1:] if last_only else h).float(), h
-        logits = self.lm_head(self.norm(h[:, -1:] if last_only else h)).float()
+            h = normed  # recycled and read by the lm_head
+        logits = self.lm_head(normed[:, -1:] if last_only else normed).float()
         return logits, h

@@ -86,8 +86,8 @@ class TargetModel(nn.Module):
         h = self.embed_tokens(ids)  # [B, T, H]
         rope = self.rope.table(positions, h.dtype)
         if self.fused is not None and self.fused.applies(ids, cache_rows):
-            h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
-                                aux_layer_ids)  # models/cpu_lowbit.FusedDecoder
+            _, h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
+                                   aux_layer_ids)  # models/cpu_lowbit.FusedDecoder, h normed
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             captured: list[torch.Tensor] = []
@@ -98,6 +98,6 @@ class TargetModel(nn.Module):
             if self.cfg.num_layers in aux_layer_ids:
                 captured.append(h)
             aux = torch.cat(captured, dim=-1) if captured else None
-        h = self.norm(h)
+            h = self.norm(h)
         logits = self.lm_head(h[:, -1:] if last_only else h).float()
         return TargetOutput(logits=logits, aux_hidden=aux, final_hidden=h)

@@ -1,0 +1,275 @@
+// The small per-iteration steps of the CPU engine, in C++: the greedy argmax of logits rows,
+// greedy tree acceptance, the tree's bookkeeping from its parents, and the KV commit.
+//
+// On a CPU an EAGLE-3 iteration of the bundled target costs ~5 ms, and each small ATen op
+// ~5-30 us with the weights' stream evicting its code and data from the caches: acceptance,
+// the tree and the commit took ~0.35 ms an iteration as ~40 ops (docs/results.md, section 19).
+// Each function here returns exactly what its torch reference returns (`reference.py`,
+// `verify.greedy_acceptance`; tests/test_cpu_step.py), and the engine uses them once the q4
+// weights have loaded this module (`kernels/__init__.py`). Built with `cpu_lowbit.cpp` into one
+// module (`cpu_lowbit.load`). Not here: the products and layers (`cpu_lowbit.cpp`).
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <immintrin.h>
+
+namespace {
+
+// The first index of the row's maximum, as torch's max(-1).indices gives it; a row holding NaN
+// gives its first NaN (torch's max propagates NaN).
+int64_t argmax_row(const float* x, int64_t V) {
+  int64_t i = 0;
+  float best = -INFINITY;
+  bool nan = false;
+  if (V >= 32) {
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 un = _mm256_setzero_ps();  // lanes that met NaN
+    for (; i + 32 <= V; i += 32) {
+      const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+      const __m256 c = _mm256_loadu_ps(x + i + 16), d = _mm256_loadu_ps(x + i + 24);
+      un = _mm256_or_ps(un, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q),
+                                         _mm256_cmp_ps(c, d, _CMP_UNORD_Q)));
+      m0 = _mm256_max_ps(m0, a);
+      m1 = _mm256_max_ps(m1, b);
+      m2 = _mm256_max_ps(m2, c);
+      m3 = _mm256_max_ps(m3, d);
+    }
+    nan = _mm256_movemask_ps(un) != 0;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    for (float v : lanes) best = std::max(best, v);
+  }
+  for (int64_t j = i; j < V; ++j) {
+    nan = nan || std::isnan(x[j]);
+    best = std::max(best, x[j]);
+  }
+  for (int64_t j = 0; j < V; ++j)
+    if (nan ? std::isnan(x[j]) : x[j] == best) return j;
+  return 0;  // every value -inf: best is -inf and j = 0 matched it
+}
+
+void check_vector(const torch::Tensor& t, const char* name, int64_t n) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == torch::kLong && t.is_contiguous(),
+              name, " must be a contiguous int64 [", n, "], got ", t.scalar_type(), " ", t.sizes());
+}
+
+}  // namespace
+
+// logits [M, V] float32 -> [M] int64: each row's first maximum (greedy decoding's token).
+torch::Tensor argmax_rows(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
+                  logits.size(1) > 0,
+              "logits must be contiguous float32 [M, V], got ", logits.scalar_type(), " ",
+              logits.sizes());
+  const int64_t M = logits.size(0), V = logits.size(1);
+  auto out = torch::empty({M}, torch::kLong);
+  for (int64_t m = 0; m < M; ++m)
+    out.data_ptr<int64_t>()[m] = argmax_row(logits.data_ptr<float>() + m * V, V);
+  return out;
+}
+
+// Greedy acceptance of a verified tree (`verify.greedy_acceptance`): node j is right when its
+// token is the target's argmax after its parent, the accepted node is the deepest one whose
+// whole root path is right (the first on ties), and the iteration emits its path's tokens then
+// the argmax after it. Only the rows on right paths are reduced to their argmax.
+// logits [N, V] float32; tokens, parents (-1: the root; a parent precedes its child), depth [N]
+// int64; retrieve [N, W] int64 (each node's root path, -1 padded) ->
+// {accepted_nodes [W] (retrieve's row), num_accepted [1], emitted [W] (-1 padded)}.
+std::vector<torch::Tensor> greedy_accept(const torch::Tensor& logits, const torch::Tensor& tokens,
+                                         const torch::Tensor& parents, const torch::Tensor& depth,
+                                         const torch::Tensor& retrieve) {
+  const int64_t N = tokens.numel();
+  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == N && logits.scalar_type() == torch::kFloat &&
+                  logits.is_contiguous(),
+              "logits must be contiguous float32 [", N, ", V], got ", logits.scalar_type(), " ",
+              logits.sizes());
+  check_vector(tokens, "tokens", N);
+  check_vector(parents, "parents", N);
+  check_vector(depth, "depth", N);
+  TORCH_CHECK(N > 0 && retrieve.dim() == 2 && retrieve.size(0) == N &&
+                  retrieve.scalar_type() == torch::kLong && retrieve.is_contiguous(),
+              "retrieve must be contiguous int64 [", N, ", W], got ", retrieve.sizes());
+  const int64_t V = logits.size(1), W = retrieve.size(1);
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t* par = parents.data_ptr<int64_t>();
+  const int64_t* dep = depth.data_ptr<int64_t>();
+  std::vector<int64_t> predict(N, -1);  // argmax after node j, once needed
+  auto argmax_after = [&](int64_t j) {
+    if (predict[j] < 0) predict[j] = argmax_row(logits.data_ptr<float>() + j * V, V);
+    return predict[j];
+  };
+  std::vector<char> ok(N, 0);
+  int64_t best = 0;
+  for (int64_t j = 0; j < N; ++j) {
+    const int64_t p = par[j];
+    TORCH_CHECK(j == 0 ? p < 0 : (p >= 0 && p < j), "parents must list the root first and ",
+                "every parent before its child; node ", j, " has parent ", p);
+    ok[j] = j == 0 || (ok[p] && tok[j] == argmax_after(p));
+    if (ok[j] && dep[j] > dep[best]) best = j;
+  }
+  auto nodes = retrieve[best].clone();  // [W]
+  auto num = torch::full({1}, dep[best], torch::kLong);
+  auto emitted = torch::full({W}, -1, torch::kLong);
+  const int64_t* path = nodes.data_ptr<int64_t>();
+  int64_t* out = emitted.data_ptr<int64_t>();
+  TORCH_CHECK(dep[best] < W, "depth ", dep[best], " does not fit retrieve's ", W, " columns");
+  for (int64_t k = 0; k < dep[best]; ++k) out[k] = tok[path[k + 1]];
+  out[dep[best]] = argmax_after(best);
+  return {nodes, num, emitted};
+}
+
+// `reference.build_tree_from_parents`: parents [N] int64 -> depth [N] int64, ancestors [N, N]
+// bool (ancestor-or-self, at most max_depth links up), retrieve [N, min(N, max_depth + 1)]
+// int64 (the ancestors in index order, -1 padded).
+std::vector<torch::Tensor> tree_from_parents(const torch::Tensor& parents, int64_t max_depth) {
+  const int64_t N = parents.numel();
+  check_vector(parents, "parents", N);
+  TORCH_CHECK(N > 0 && max_depth >= 0, "a tree needs nodes and max_depth >= 0, got ", N, ", ",
+              max_depth);
+  const int64_t W = std::min(N, max_depth + 1);
+  auto depth = torch::empty({N}, torch::kLong);
+  auto ancestors = torch::zeros({N, N}, torch::kBool);
+  auto retrieve = torch::full({N, W}, -1, torch::kLong);
+  const int64_t* par = parents.data_ptr<int64_t>();
+  bool* anc = ancestors.data_ptr<bool>();
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t node = i;
+    for (int64_t link = 0; link <= max_depth && node >= 0; ++link) {
+      TORCH_CHECK(node < N, "parent ", node, " of a node past the tree's ", N, " nodes");
+      anc[i * N + node] = true;
+      node = par[node];
+    }
+    int64_t k = 0;
+    for (int64_t j = 0; j < N; ++j)
+      if (anc[i * N + j]) {
+        if (k < W) retrieve.data_ptr<int64_t>()[i * W + k] = j;
+        ++k;
+      }
+    depth.data_ptr<int64_t>()[i] = k - 1;
+  }
+  return {depth, ancestors, retrieve};
+}
+
+// `tree.merge_context` (when the context has a chain) then `tree.build_tree`, in one call: the
+// head's candidates scores [C] float32, tokens, parents (-1: a child of the root; parents
+// precede children), sources [C] int64 (or empty: all the head's); the context's chain
+// chain_tokens / chain_scores [L] (L may be 0); the head's depth S = num_steps; the root's token
+// [1] (read here: Python reads no scalar, as on a GPU); the tree's size and max_depth ->
+// {tokens, parents, depth, ancestors, retrieve, scores, sources} of the selected tree, root
+// first (`EagleVerifyInput`).
+std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::Tensor& tokens,
+                                      const torch::Tensor& parents, const torch::Tensor& sources,
+                                      const std::vector<int64_t>& chain_tokens,
+                                      const std::vector<double>& chain_scores, int64_t num_steps,
+                                      const torch::Tensor& root, int64_t num_draft_tokens,
+                                      int64_t max_depth) {
+  const int64_t C = tokens.numel(), L = chain_tokens.size();
+  TORCH_CHECK(scores.dim() == 1 && scores.size(0) == C && scores.scalar_type() == torch::kFloat &&
+                  scores.is_contiguous(),
+              "scores must be contiguous float32 [", C, "], got ", scores.sizes());
+  check_vector(tokens, "tokens", C);
+  check_vector(parents, "parents", C);
+  const bool own_sources = sources.numel() > 0;
+  if (own_sources) check_vector(sources, "sources", C);
+  TORCH_CHECK(int64_t(chain_scores.size()) == L, "chain of ", L, " tokens and ",
+              chain_scores.size(), " scores");
+  check_vector(root, "root", 1);
+  TORCH_CHECK(num_draft_tokens >= 1 && num_steps >= 1, "num_draft_tokens ", num_draft_tokens,
+              " and num_steps ", num_steps, " must be >= 1");
+  // the candidates: the head's C, then the chain's L (merge_context)
+  std::vector<float> sc(scores.data_ptr<float>(), scores.data_ptr<float>() + C);
+  std::vector<int64_t> tok(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + C);
+  std::vector<int64_t> par(parents.data_ptr<int64_t>(), parents.data_ptr<int64_t>() + C);
+  std::vector<int64_t> src(C, 0);
+  if (own_sources) std::copy_n(sources.data_ptr<int64_t>(), C, src.begin());
+  if (L > 0) {
+    std::vector<int64_t> depth(C);
+    std::vector<char> on_chain(C);  // its root path is the chain's first tokens
+    std::vector<int64_t> shared(L, -1);  // the head's candidate on chain node j, the last one
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t p = par[c];
+      TORCH_CHECK(p < c, "candidate ", c, " has parent ", p, ": parents must come first");
+      depth[c] = p < 0 ? 1 : depth[p] + 1;
+      const int64_t d = depth[c];
+      const bool same = d <= std::min(num_steps, L) && tok[c] == chain_tokens[d - 1];
+      on_chain[c] = same && (p < 0 || on_chain[p]);
+      if (on_chain[c]) shared[d - 1] = c;
+    }
+    for (int64_t j = 0; j < L; ++j) {
+      const float p = float(chain_scores[j]);
+      const int64_t holder_parent = j == 0 ? -1 : (shared[j - 1] >= 0 ? shared[j - 1] : C + j - 1);
+      if (shared[j] >= 0) {
+        sc[shared[j]] = std::max(sc[shared[j]], p);
+        src[shared[j]] = std::max<int64_t>(src[shared[j]], 2);  // NodeSource.BOTH
+      }
+      sc.push_back(shared[j] >= 0 ? -1.f : p);  // a shared node's own copy is never selected
+      tok.push_back(chain_tokens[j]);
+      par.push_back(holder_parent);
+      src.push_back(1);  // NodeSource.CONTEXT
+    }
+  }
+  // the best num_draft_tokens - 1 candidates (a stable descending sort), in candidate order
+  const int64_t total = sc.size(), n = std::min(total, num_draft_tokens - 1);
+  std::vector<int64_t> order(total);
+  for (int64_t c = 0; c < total; ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[a] > sc[b]; });
+  std::vector<int64_t> selected(order.begin(), order.begin() + n);
+  std::sort(selected.begin(), selected.end());
+  const int64_t N = n + 1;
+  auto out_tokens = torch::empty({N}, torch::kLong), out_parents = torch::empty({N}, torch::kLong);
+  auto out_scores = torch::empty({N}, torch::kFloat), out_sources = torch::empty({N}, torch::kLong);
+  int64_t* ot = out_tokens.data_ptr<int64_t>();
+  int64_t* op = out_parents.data_ptr<int64_t>();
+  float* os = out_scores.data_ptr<float>();
+  int64_t* osrc = out_sources.data_ptr<int64_t>();
+  ot[0] = root.data_ptr<int64_t>()[0], op[0] = -1, os[0] = 1.f, osrc[0] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = selected[i], p = par[c];
+    ot[i + 1] = tok[c], os[i + 1] = sc[c], osrc[i + 1] = src[c];
+    // the parent's node: 1 + its rank among the selected (searchsorted, as build_tree does)
+    op[i + 1] = p < 0 ? 0 : 1 + (std::lower_bound(selected.begin(), selected.end(), p) -
+                                 selected.begin());
+  }
+  auto bookkeeping = tree_from_parents(out_parents, max_depth);
+  return {out_tokens, out_parents, bookkeeping[0], bookkeeping[1], bookkeeping[2], out_scores,
+          out_sources};
+}
+
+// `reference.compact_kv`: cache [B, H, max_len, d] (any dtype) rows src_rows [n] -> rows
+// [dst_start, dst_start + n), every source read before any row is written. Rows already in
+// place are not copied: each copy of a plane's row is a cache miss (the planes lie max_len
+// rows apart), and an accepted path often starts where it belongs.
+void compact_rows(torch::Tensor cache, const torch::Tensor& src_rows, int64_t dst_start) {
+  TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous(), "cache must be contiguous [B, H, len, d]");
+  const int64_t n = src_rows.numel(), len = cache.size(2);
+  check_vector(src_rows, "src_rows", n);
+  TORCH_CHECK(dst_start >= 0 && dst_start + n <= len, "rows [", dst_start, ", ", dst_start + n,
+              ") past the cache's ", len);
+  const int64_t* src = src_rows.data_ptr<int64_t>();
+  for (int64_t k = 0; k < n; ++k)
+    TORCH_CHECK(src[k] >= 0 && src[k] < len, "source row ", src[k], " past the cache's ", len);
+  const int64_t row = cache.size(3) * cache.element_size(), planes = cache.size(0) * cache.size(1);
+  char* base = static_cast<char*>(cache.data_ptr());
+  std::vector<int64_t> moved;  // slots whose row comes from elsewhere
+  for (int64_t k = 0; k < n; ++k)
+    if (src[k] != dst_start + k) moved.push_back(k);
+  std::vector<char> rows(moved.size() * row);
+  for (int64_t p = 0; p < planes; ++p) {
+    char* plane = base + p * len * row;
+    for (size_t i = 0; i < moved.size(); ++i)
+      std::memcpy(rows.data() + i * row, plane + src[moved[i]] * row, row);
+    for (size_t i = 0; i < moved.size(); ++i)
+      std::memcpy(plane + (dst_start + moved[i]) * row, rows.data() + i * row, row);
+  }
+}
+
+void register_step(pybind11::module& m) {
+  m.def("argmax_rows", &argmax_rows, "logits [M, V] f32 -> [M] first index of each row's maximum");
+  m.def("greedy_accept", &greedy_accept, "greedy tree acceptance -> accepted nodes, count, emitted");
+  m.def("build_tree", &build_tree, "candidates (+ the context's chain) -> the tree to verify");
+  m.def("tree_from_parents", &tree_from_parents, "parents [N] -> depth, ancestors, retrieve");
+  m.def("compact_rows", &compact_rows, "cache rows src_rows -> [dst_start, dst_start + n)");
+}
