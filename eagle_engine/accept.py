@@ -63,7 +63,8 @@ def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: i
     the features of the accepted nodes (`num_accepted` from `read_back`)."""
     n = num_accepted + 1
     return EagleDraftExtendInput(tokens=vout.emitted[:n],
-                                 hidden=features[vout.accepted_nodes[:n]], seq_len=vin.seq_len)
+                                 hidden=features.index_select(0, vout.accepted_nodes[:n]),
+                                 seq_len=vin.seq_len)
 
 
 @torch.inference_mode()

@@ -602,7 +602,8 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 // decoder layers (q4 codes, `embeds` empty) or an EAGLE-3 head's layers (q8 codes; its first
 // layer reads cat(norm(embeds), norm(h)), 2H wide). h holds the sequences' rows one after the
 // other: sequence i has lens[i] rows, written to its own cache kvs[i] from row starts[i] and
-// attending under biases[i] ([lens[i], starts[i] + lens[i]], or empty: every row visible).
+// attending under masks[i] (bool [lens[i], starts[i] + lens[i]], true = visible; turned into an
+// additive bias of 0 / -inf here; or empty: every row visible).
 // Every step but attention is row by row, and attention runs per sequence, so a sequence's
 // numbers are the same whether it runs alone or with others (the scheduler's batched steps).
 // weights, per layer in order: input norm, [the first head layer: hidden norm,] qkv codes, qkv
@@ -613,15 +614,15 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, torch::Tensor cos,
                                          torch::Tensor sin, std::vector<torch::Tensor> kvs,
                                          std::vector<int64_t> starts, std::vector<int64_t> lens,
-                                         std::vector<torch::Tensor> biases,
+                                         std::vector<torch::Tensor> masks,
                                          std::vector<torch::Tensor> weights,
                                          int64_t heads, int64_t kv_heads, double eps,
                                          std::vector<int64_t> aux_ids, bool q8,
                                          torch::Tensor final_norm) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [R, H] float32");
   const size_t n_seq = kvs.size();
-  TORCH_CHECK(n_seq > 0 && starts.size() == n_seq && lens.size() == n_seq && biases.size() == n_seq,
-              "one cache, start, length and bias per sequence");
+  TORCH_CHECK(n_seq > 0 && starts.size() == n_seq && lens.size() == n_seq && masks.size() == n_seq,
+              "one cache, start, length and mask per sequence");
   const bool draft = embeds.numel() > 0;
   const int64_t per_layer = 10, first = draft ? 11 : 10;
   TORCH_CHECK(weights.size() >= size_t(first) && (weights.size() - first) % per_layer == 0,
@@ -634,6 +635,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   TORCH_CHECK(inter % 8 == 0, "intermediate size unsupported");
   std::vector<Dims> dims;
   std::vector<int64_t> offsets;
+  std::vector<std::vector<float>> biases(n_seq);  // [T * S] 0 where visible, -inf where not
   std::vector<const float*> bias_ptrs;
   int64_t rows = 0;
   for (size_t i = 0; i < n_seq; ++i) {
@@ -645,10 +647,16 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     Dims d{lens[i], heads, kv_heads, hd, inter, starts[i] + lens[i], kv.size(2)};
     TORCH_CHECK(d.T > 0 && d.S <= d.max_len, "rows past the cache");
     const float* b = nullptr;
-    if (biases[i].numel()) {
-      TORCH_CHECK(biases[i].is_contiguous() && biases[i].size(0) == d.T && biases[i].size(1) == d.S,
-                  "bias must be [T, start + T]");
-      b = biases[i].data_ptr<float>();
+    if (masks[i].numel()) {
+      const auto& m = masks[i];
+      TORCH_CHECK(m.is_contiguous() && m.scalar_type() == torch::kBool && m.dim() == 2 &&
+                      m.size(0) == d.T && m.size(1) == d.S,
+                  "mask must be contiguous bool [T, start + T] = [", d.T, ", ", d.S, "], got ",
+                  m.scalar_type(), " ", m.sizes());
+      const bool* visible = m.data_ptr<bool>();
+      biases[i].resize(d.T * d.S);
+      for (int64_t j = 0; j < d.T * d.S; ++j) biases[i][j] = visible[j] ? 0.f : -INFINITY;
+      b = biases[i].data();
     }
     dims.push_back(d);
     offsets.push_back(rows);

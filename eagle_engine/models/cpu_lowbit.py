@@ -206,11 +206,11 @@ class FusedDecoder:
         (every row visible); embeds [R, H] for a head -> (h [R, H], h under the final norm
         [R, H], aux [R, n*H] or None).
         Each sequence gets the bits it gets alone (the kernel runs attention per sequence)."""
-        biases = [torch.empty(0) if m is None else
-                  torch.zeros(m.shape).masked_fill_(~m, float("-inf")) for m in masks]  # [T, S]
+        visible = [torch.empty(0, dtype=torch.bool) if m is None else m.contiguous()
+                   for m in masks]  # [T, S] each
         ids = sorted(set(aux_layer_ids))
         e = torch.empty(0) if embeds is None else embeds
         out, aux, normed = cpu_lowbit.load().fused_decoder(
-            h, e, cos, sin, kvs, starts, lens, biases, self.weights, self.heads, self.kv_heads,
+            h, e, cos, sin, kvs, starts, lens, visible, self.weights, self.heads, self.kv_heads,
             self.eps, ids, self.q8, self.final_norm)
         return out, normed, (aux if ids else None)
