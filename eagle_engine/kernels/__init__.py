@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from functools import cache
+from types import ModuleType
 
 import torch
 
@@ -24,8 +25,8 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
-def cpu_step(t: torch.Tensor):
-    """The built CPU kernels' module for a CPU tensor, else None."""
+def cpu_step(t: torch.Tensor) -> ModuleType | None:
+    """For a CPU tensor, the CPU kernels' module once this process has loaded it, else None."""
     return cpu_lowbit.built() if t.device.type == "cpu" else None
 
 
@@ -77,5 +78,5 @@ def compact_kv(cache: torch.Tensor, src_rows: torch.Tensor, dst_start: int) -> N
     reference.compact_kv(cache, src_rows, dst_start)
 
 
-__all__ = ["argmax_rows", "build_tree_from_parents", "compact_kv", "cpu_step", "triton_available", "use_triton",
-           "verify_tree_greedy"]
+__all__ = ["argmax_rows", "build_tree_from_parents", "compact_kv", "cpu_step", "triton_available",
+           "use_triton", "verify_tree_greedy"]

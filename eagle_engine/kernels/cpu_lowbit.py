@@ -91,9 +91,9 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
 
 
 def built() -> ModuleType | None:
-    """The module when this process has loaded it (the q4 weights load it), else None; never
-    builds. The per-iteration steps (`cpu_step.cpp`) use it where it is there and their torch
-    references elsewhere (a dense target, a CPU without the kernels' vector flags)."""
+    """The module once this process has loaded the kernels (q4 weights load them), else None;
+    never builds. The per-iteration steps (`cpu_step.cpp`) run where it is there and their
+    torch references elsewhere (a dense target, a CPU without the kernels' vector flags)."""
     return load() if load.cache_info().currsize else None
 
 
