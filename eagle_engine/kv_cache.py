@@ -36,7 +36,8 @@ class KVCache:
 
     def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
         """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n).
-        Always copies, even rows already in place: checking would read the rows on the host."""
+        On a GPU it copies every row, even rows already in place: checking would read the rows
+        on the host. The CPU kernel (`cpu_step.cpp`) reads them there anyway and skips them."""
         compact_kv(self.data, src_rows, dst_start)
 
 

@@ -1,5 +1,6 @@
-"""Pure-torch references for the tree bookkeeping kernels. The CPU path runs these; the Triton
-kernels in this package must match them exactly (tests/test_kernels.py)."""
+"""Pure-torch references for the tree bookkeeping kernels. A CPU runs these until the q4 weights
+have loaded the C++ kernels (`cpu_step.cpp`); the Triton and C++ kernels in this package must
+match them exactly (tests/test_kernels.py, tests/test_cpu_step.py)."""
 from __future__ import annotations
 
 import torch
