@@ -404,6 +404,70 @@ struct AttnSeq {
 
 constexpr int64_t kMaxRows = 8, kChunk = 64;
 
+// Attention takes a task's query rows in pairs where the CPU has 32 vector registers
+// (AVX-512VL) for both rows' sums: each key and value vector is then widened once for two rows
+// (tree verifies of 3-8 rows 4-12% faster, docs/results.md section 19; the same bits).
+// -DLOWBIT_ROW_PAIRS=0 builds without (`benchmarks/fused_forward.py
+// --compare-flags=-DLOWBIT_ROW_PAIRS=0` times both builds).
+#if defined(__AVX512VL__) && (!defined(LOWBIT_ROW_PAIRS) || LOWBIT_ROW_PAIRS)
+#define LOWBIT_PAIRS 1
+#else
+#define LOWBIT_PAIRS 0
+#endif
+
+// p[s] = q . key s for s in [s0, s1) (float16 key rows hd apart), 8 keys at a time from s0, then
+// one at a time: `sums8` and `sum1` add the lanes alike, so a score has the same bits wherever
+// its key lies.
+void score_row(const float* q, const uint16_t* keys, int64_t hd, int64_t s0, int64_t s1,
+               float* p) {
+  const int64_t V = hd / 8;
+  int64_t s = s0;
+  for (; s + 8 <= s1; s += 8) {
+    __m256 a[8];
+    for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
+    for (int64_t v = 0; v < V; ++v) {
+      const __m256 qv = _mm256_loadu_ps(q + 8 * v);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k)
+        a[k] = _mm256_fmadd_ps(qv, load8_half(keys + (s + k) * hd + 8 * v), a[k]);
+    }
+    _mm256_storeu_ps(p + s, sums8(a));
+  }
+  for (; s < s1; ++s) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t v = 0; v < V; ++v)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * v), load8_half(keys + s * hd + 8 * v), a);
+    p[s] = sum1(a);
+  }
+}
+
+#if LOWBIT_PAIRS
+// `score_row` for two query rows [s0, s1a) and [s0, s1b) that widen each key vector once for
+// both (32 vector registers hold both rows' sums); each row gets `score_row`'s operations.
+void score_pair(const float* qa, const float* qb, const uint16_t* keys, int64_t hd, int64_t s0,
+                int64_t s1a, int64_t s1b, float* pa, float* pb) {
+  const int64_t V = hd / 8, both = std::min(s1a, s1b);
+  int64_t s = s0;
+  for (; s + 8 <= both; s += 8) {
+    __m256 a[8], b[8];
+    for (int k = 0; k < 8; ++k) a[k] = b[k] = _mm256_setzero_ps();
+    for (int64_t v = 0; v < V; ++v) {
+      const __m256 qva = _mm256_loadu_ps(qa + 8 * v), qvb = _mm256_loadu_ps(qb + 8 * v);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m256 key = load8_half(keys + (s + k) * hd + 8 * v);
+        a[k] = _mm256_fmadd_ps(qva, key, a[k]);
+        b[k] = _mm256_fmadd_ps(qvb, key, b[k]);
+      }
+    }
+    _mm256_storeu_ps(pa + s, sums8(a));
+    _mm256_storeu_ps(pb + s, sums8(b));
+  }
+  score_row(qa, keys, hd, s, s1a, pa);
+  score_row(qb, keys, hd, s, s1b, pb);
+}
+#endif
+
 // out [8V] += the sum over keys k in [k0, k1) of p[k] * v[k] (float16 value rows hd apart), and
 // *total += the p[k], in key order (the softmax's denominator, summed while the adds wait on
 // the products instead of in a loop of its own). The head width in vectors, V, is a
@@ -435,6 +499,57 @@ constexpr std::array<WeighValues, sizeof...(V)> weigh_table(std::integer_sequenc
   return {&weigh_values<V>...};
 }
 constexpr auto kWeighValues = weigh_table(std::make_integer_sequence<int, 17>());  // hd <= 128
+
+#if LOWBIT_PAIRS
+// `weigh_values` for two rows over keys [k0, k1), widening each value vector once for both;
+// each row gets `weigh_values`' operations in the same order (skipping its own masked keys).
+template <int V>
+void weigh_pair(const float* pa, const float* pb, const uint16_t* v, int64_t hd, int64_t k0,
+                int64_t k1, float* outa, float* outb, float* totala, float* totalb) {
+  __m256 a[V > 0 ? V : 1], b[V > 0 ? V : 1];
+  float suma = *totala, sumb = *totalb;
+#pragma GCC unroll 16
+  for (int i = 0; i < V; ++i) {
+    a[i] = _mm256_loadu_ps(outa + 8 * i);
+    b[i] = _mm256_loadu_ps(outb + 8 * i);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const bool ua = pa[k] != 0.f, ub = pb[k] != 0.f;  // masked keys weigh 0: skipped
+    if (ua) suma += pa[k];
+    if (ub) sumb += pb[k];
+    const __m256 wa = _mm256_set1_ps(pa[k]), wb = _mm256_set1_ps(pb[k]);
+    if (ua && ub) {
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i) {
+        const __m256 value = load8_half(v + k * hd + 8 * i);
+        a[i] = _mm256_fmadd_ps(wa, value, a[i]);
+        b[i] = _mm256_fmadd_ps(wb, value, b[i]);
+      }
+    } else if (ua) {
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i) a[i] = _mm256_fmadd_ps(wa, load8_half(v + k * hd + 8 * i), a[i]);
+    } else if (ub) {
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i) b[i] = _mm256_fmadd_ps(wb, load8_half(v + k * hd + 8 * i), b[i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < V; ++i) {
+    _mm256_storeu_ps(outa + 8 * i, a[i]);
+    _mm256_storeu_ps(outb + 8 * i, b[i]);
+  }
+  *totala = suma;
+  *totalb = sumb;
+}
+
+using WeighPair = void (*)(const float*, const float*, const uint16_t*, int64_t, int64_t, int64_t,
+                           float*, float*, float*, float*);
+template <int... V>
+constexpr std::array<WeighPair, sizeof...(V)> pair_table(std::integer_sequence<int, V...>) {
+  return {&weigh_pair<V>...};
+}
+constexpr auto kWeighPair = pair_table(std::make_integer_sequence<int, 17>());
+#endif
 
 AttnSeq attn_seq(const float* q, int64_t qs, const uint16_t* kc, const uint16_t* vc,
                  const float* bias, float* out, const Dims& d) {
@@ -483,29 +598,19 @@ void attention(const std::vector<AttnSeq>& seqs) {
         while (br[r] && end[r] > 1 && br[r][end[r] - 1] == -INFINITY) --end[r];
         longest = std::max(longest, end[r]);
       }
+      // Rows in pairs where LOWBIT_PAIRS: a row's numbers are the same either way.
       for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // scores q . k
         for (int64_t r = 0; r < nr; ++r) {
-          float* p = scores.data() + r * d.S;
           const int64_t c1 = std::min(c0 + kChunk, end[r]);
-          int64_t s = c0;
-          for (; s + 8 <= c1; s += 8) {
-            __m256 a[8];
-            for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
-            for (int64_t v = 0; v < V; ++v) {
-              const __m256 qv = _mm256_loadu_ps(qr[r] + 8 * v);
-#pragma GCC unroll 8
-              for (int k = 0; k < 8; ++k)
-                a[k] = _mm256_fmadd_ps(qv, load8_half(kh + (s + k) * d.hd + 8 * v), a[k]);
-            }
-            _mm256_storeu_ps(p + s, sums8(a));
+#if LOWBIT_PAIRS
+          if (r + 1 < nr) {
+            score_pair(qr[r], qr[r + 1], kh, d.hd, c0, c1, std::min(c0 + kChunk, end[r + 1]),
+                       scores.data() + r * d.S, scores.data() + (r + 1) * d.S);
+            ++r;
+            continue;
           }
-          for (; s < c1; ++s) {
-            __m256 a = _mm256_setzero_ps();
-            for (int64_t v = 0; v < V; ++v)
-              a = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + 8 * v),
-                                  load8_half(kh + s * d.hd + 8 * v), a);
-            p[s] = sum1(a);
-          }
+#endif
+          score_row(qr[r], kh, d.hd, c0, c1, scores.data() + r * d.S);
         }
       for (int64_t r = 0; r < nr; ++r) {  // softmax weights, unnormalized, 8 scores a vector
         // Every score goes through the same vector operations wherever it lies, and the total
@@ -539,9 +644,23 @@ void attention(const std::vector<AttnSeq>& seqs) {
       }
       const WeighValues weigh = kWeighValues[V];
       for (int64_t c0 = 0; c0 < longest; c0 += kChunk)  // weighted values, accumulated in out
-        for (int64_t r = 0; r < nr; ++r)
-          weigh(scores.data() + r * d.S, vh, d.hd, c0, std::min(c0 + kChunk, end[r]), orow[r],
-                &total[r]);
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t c1 = std::min(c0 + kChunk, end[r]);
+#if LOWBIT_PAIRS
+          if (r + 1 < nr) {  // both rows to the shorter one's end, then each alone
+            const float *pa = scores.data() + r * d.S, *pb = pa + d.S;
+            const int64_t c1b = std::min(c0 + kChunk, end[r + 1]);
+            const int64_t both = std::max(c0, std::min(c1, c1b));
+            kWeighPair[V](pa, pb, vh, d.hd, c0, both, orow[r], orow[r + 1], &total[r],
+                          &total[r + 1]);
+            weigh(pa, vh, d.hd, both, c1, orow[r], &total[r]);
+            weigh(pb, vh, d.hd, both, c1b, orow[r + 1], &total[r + 1]);
+            ++r;
+            continue;
+          }
+#endif
+          weigh(scores.data() + r * d.S, vh, d.hd, c0, c1, orow[r], &total[r]);
+        }
       for (int64_t r = 0; r < nr; ++r) {
         const __m256 inv = _mm256_set1_ps(1.f / total[r]);
         for (int64_t v = 0; v < V; ++v)
