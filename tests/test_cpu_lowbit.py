@@ -117,6 +117,30 @@ def test_kernels_refuse_bad_input_naming_it() -> None:
         EngineConfig(weights="int3")
 
 
+def test_fused_decoder_refuses_a_bad_mask_or_norm_before_writing_the_cache(
+        tmp_path: Path) -> None:
+    """A float mask or a final norm of the wrong width is refused with the shapes named, and
+    the cache is as it was (the checks come before any row is written)."""
+    target = tiny_engine(tmp_path, weights="q4", hidden_size=64, intermediate_size=96).target
+    fused, cache = target.fused, target.new_cache(max_len=16).data
+    hd = cache.shape[-1]
+    h, cos, sin = torch.randn(3, 64), torch.ones(3, hd), torch.zeros(3, hd)
+    good = torch.ones(3, 5, dtype=torch.bool)
+    kernels = cpu_lowbit.load()
+
+    def call(mask: torch.Tensor, norm: torch.Tensor) -> None:
+        kernels.fused_decoder(h, torch.empty(0), cos, sin, [cache], [2], [3], [mask],
+                              fused.weights, fused.heads, fused.kv_heads, fused.eps, [],
+                              fused.q8, norm)
+
+    with pytest.raises(RuntimeError, match=r"mask must be contiguous bool \[T, start \+ T\] = "
+                       r"\[3, 5\], got Float"):
+        call(good.float(), fused.final_norm)
+    with pytest.raises(RuntimeError, match=r"final_norm must be contiguous float32 \[64\]"):
+        call(good, fused.final_norm[:32])
+    assert not cache.any()
+
+
 def test_auto_weights_are_q4_for_gguf_targets_on_cpu() -> None:
     assert EngineConfig().weights == "q4" and EngineConfig().dtype == "fp32"
     assert EngineConfig(target="some/model.gguf").weights == "q4"

@@ -751,6 +751,9 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   const int64_t T = h.size(0), H = h.size(1), hd = kvs[0].size(3);
   const int64_t inter = weights[first - 4].size(0) * 8 / 2;
   TORCH_CHECK(hd % 8 == 0 && hd <= 128, "head_dim ", hd, " unsupported");
+  TORCH_CHECK(final_norm.numel() == H && final_norm.scalar_type() == torch::kFloat &&
+                  final_norm.is_contiguous(),
+              "final_norm must be contiguous float32 [", H, "], got ", final_norm.sizes());
   TORCH_CHECK(inter % 8 == 0, "intermediate size unsupported");
   std::vector<Dims> dims;
   std::vector<int64_t> offsets;
@@ -854,9 +857,6 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     w += per_layer;
   }
   capture(layers);
-  TORCH_CHECK(final_norm.numel() == H && final_norm.scalar_type() == torch::kFloat &&
-                  final_norm.is_contiguous(),
-              "final_norm must be contiguous float32 [", H, "], got ", final_norm.sizes());
   auto normed = torch::empty({T, H}, h.options());
   rms_norm(hp, final_norm.data_ptr<float>(), normed.data_ptr<float>(), T, H, eps);
   return {h, aux, normed};
