@@ -1,8 +1,8 @@
 """The CPU engine's per-iteration steps in C++ (`kernels/cpu_step.cpp`) against their torch
 references, exactly: the greedy argmax of logits rows (ties, NaN, -inf, every width), greedy
 tree acceptance on the kernel cases (nothing, everything and some accepted; many ties), the
-tree from its parents and the KV commit (float32, bfloat16, float16; reversed and overlapping
-rows). The engine uses them once the q4 weights have built the module (and the references
+tree built from random candidate sets with and without the context's chain, the tree from its
+parents and the KV commit (float32, bfloat16, float16; reversed and overlapping rows). The engine uses them once the q4 weights have built the module (and the references
 otherwise); bad input is refused naming the values.
 """
 from __future__ import annotations

@@ -1,5 +1,6 @@
 // The small per-iteration steps of the CPU engine, in C++: the greedy argmax of logits rows,
-// greedy tree acceptance, the tree's bookkeeping from its parents, and the KV commit.
+// greedy tree acceptance, the tree (with the context's chain) and its bookkeeping from its
+// parents, and the KV commit.
 //
 // On a CPU an EAGLE-3 iteration of the bundled target costs ~5 ms, and each small ATen op
 // ~5-30 us with the weights' stream evicting its code and data from the caches: acceptance,
@@ -48,7 +49,7 @@ int64_t argmax_row(const float* x, int64_t V) {
   }
   for (int64_t j = 0; j < V; ++j)
     if (nan ? std::isnan(x[j]) : x[j] == best) return j;
-  return 0;  // every value -inf: best is -inf and j = 0 matched it
+  return 0;  // not reached: best is one of the row's values
 }
 
 void check_vector(const torch::Tensor& t, const char* name, int64_t n) {
