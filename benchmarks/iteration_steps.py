@@ -53,8 +53,8 @@ def install() -> None:
             (Run, "iteration_event", "event"), (engine_mod, "read_back", "packed read"),
             (accept_mod, "draft_input_after", "head top-k")]:
         setattr(owner, name, timed(getattr(owner, name), lambda *a, lab=label: lab))
-    for name in ("draft", "run_target", "extend"):
-        label = {"draft": "draft", "run_target": "verify forward", "extend": "extend"}[name]
+    for name, label in (("draft", "draft"), ("run_target", "verify forward"),
+                        ("extend", "extend")):
         object.__setattr__(EAGER_PHASES, name,
                            timed(getattr(EAGER_PHASES, name), lambda *a, lab=label: lab))
     TargetModel.forward = timed(TargetModel.forward,

@@ -406,7 +406,7 @@ constexpr int64_t kMaxRows = 8, kChunk = 64;
 
 // Attention takes a task's query rows in pairs where the CPU has 32 vector registers
 // (AVX-512VL) for both rows' sums: each key and value vector is then widened once for two rows
-// (tree verifies of 3-8 rows 4-12% faster, docs/results.md section 19; the same bits).
+// (tree verifies of 3-8 rows 3-12% faster, docs/results.md section 19; the same bits).
 // -DLOWBIT_ROW_PAIRS=0 builds without (`benchmarks/fused_forward.py
 // --compare-flags=-DLOWBIT_ROW_PAIRS=0` times both builds).
 #if defined(__AVX512VL__) && (!defined(LOWBIT_ROW_PAIRS) || LOWBIT_ROW_PAIRS)

@@ -78,15 +78,14 @@ class Eagle3Draft(nn.Module):
         self.rope = Rope(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)
         self.fused = None  # models/cpu_lowbit.FusedDecoder once the layers hold q8 codes
 
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids [...] -> their target ids [...] (`d2t` holds the offsets)."""
+        return draft_ids + self.d2t[draft_ids]
+
     @property
     def hot_ids(self) -> torch.Tensor:
-        """[Vd] target id of each draft id."""
-        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft ids [...] -> their target ids [...] (`hot_ids[draft_ids]` without building the
-        whole [Vd] map)."""
-        return draft_ids + self.d2t[draft_ids]
+        """[Vd] target id of each draft id (the whole map; a draft step maps only its top-k)."""
+        return self.target_ids(torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device))
 
     def share_embedding(self, target_embed: nn.Embedding) -> None:
         """Use the target's embedding module (the common case: checkpoints omit it, and a
