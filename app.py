@@ -206,30 +206,31 @@ class Playground:
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
              max_new_tokens: int, seed: float | None, compare: bool, weights: str,
-             context_drafts: bool = CONTEXT_DRAFTS) -> Iterator[tuple]:
+             context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts))
+            max_new_tokens, seed, compare, weights, context_drafts, min_score))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
                    max_new_tokens: int, seed: float | None, compare: bool, weights: str,
-                   context_drafts: bool = CONTEXT_DRAFTS) -> Iterator[tuple]:
+                   context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0
+                   ) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts))
+            max_new_tokens, seed, compare, weights, context_drafts, min_score))
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
         small trees best: docs/results.md, section 4)."""
         tree = self.engines[weights].default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
-                gr.update(value=tree.num_draft_tokens)]
+                gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score)]
 
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
@@ -325,6 +326,10 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             tree.context_drafts, label="Drafts from context", elem_id="context-drafts",
             info="also draft what followed the latest earlier occurrence of the text's end "
             "(prompt and answer so far); it competes for the same draft tokens")
+        c["min_score"] = gr.Slider(
+            0, 0.5, tree.min_score, step=0.05, label="Min draft probability",
+            elem_id="min-score", info="verify only drafts whose path probability is at least "
+            "this: an unsure draft then costs no verify row (0: always the full tree)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
@@ -399,13 +404,13 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
         trigger(pg.sidebar_state, *head_io, **quiet)
     draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "context_drafts",
-                                 "compare")]
-    c["spec"].change(lambda on: [gr.update(interactive=on)] * 4 + [gr.update(
+                                 "min_score", "compare")]
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * 5 + [gr.update(
         interactive=on, value=False)], c["spec"], draft_only, **quiet)
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
-    c["weights"].change(pg.weights_changed, c["weights"], tree_io, **quiet)
+    c["weights"].change(pg.weights_changed, c["weights"], [*tree_io, c["min_score"]], **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,

@@ -1,7 +1,7 @@
 """Where an EAGLE-3 iteration's time goes, timed in place on real answers, one process.
 
     PYTHONPATH=. python benchmarks/iteration_steps.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 4] [--tree 2,1,3] [--weights q4]
+        [--limit 4] [--tree 2,1,3[,min_score]] [--weights q4]
 
 Answers the first turns of `--limit` prompts with plain decoding, then with EAGLE-3 (the default
 head, `--tree`), and times every call of the engine's steps while they run: the whole iteration,
@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import eagle_engine.accept as accept_mod
 import eagle_engine.engine as engine_mod
+from eagle_engine.bench import parse_sweep
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.cuda_graph import EAGER_PHASES
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine, Run
@@ -86,7 +87,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", required=True, help="JSONL with a 'turns' list per row")
     p.add_argument("--limit", type=int, default=4)
-    p.add_argument("--tree", default="2,1,3", help="topk,steps,tokens")
+    p.add_argument("--tree", default="2,1,3", help="topk,steps,tokens[,min_score]")
     p.add_argument("--weights", default="q4")
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args()
@@ -95,7 +96,7 @@ def main() -> None:
         rows = [json.loads(line) for line in f][:args.limit]
     ids = [engine.encode(r["turns"][0]) for r in rows]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    tree = TreeParams(*(int(x) for x in args.tree.split(",")))
+    tree, = parse_sweep(args.tree)
     engine.generate(ids[0], params, tree, DEFAULT_HEAD)  # warm-up, before the timers
     install()
     report = {"tree": args.tree, "weights": args.weights,

@@ -33,7 +33,7 @@ from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.events import TreeNode
 
 BUCKETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0001)
-THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
+THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 
 
 def collect_trees(engine: EagleEngine, rows: list[dict], head: str, tree: TreeParams,

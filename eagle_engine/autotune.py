@@ -34,22 +34,24 @@ from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: trees carry their min_score
 PROMPTS = ("Write a short Python function that reverses a string, and explain it.",
            "Give me three tips for sleeping better.",
            "Explain what a hash table is to a new programmer.")
 NEW_TOKENS = 48
 ROUNDS = 2
-CANDIDATES = {  # per weights label; the static default is always among them
-    "q4": ((2, 2, 3), (1, 1, 2), (2, 1, 3), (1, 2, 3), (3, 2, 4)),
-    "dense": ((4, 3, 8), (4, 3, 6), (2, 3, 4)),
+CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static default first
+    "q4": ((3, 2, 6, 0.15), (2, 1, 3, 0.2), (2, 1, 3, 0.0), (1, 1, 2, 0.0), (4, 3, 8, 0.2)),
+    "dense": ((4, 3, 8, 0.0), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
 }
 
 
 def tree_label(tree: TreeParams) -> str:
-    """'k2 s2 n3', with ' +ctx' when the tree takes drafts from the context."""
+    """'k2 s2 n3', with ' min0.1' for a min_score and ' +ctx' when the tree takes drafts from
+    the context."""
     ctx = " +ctx" if tree.context_drafts else ""
-    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{ctx}"
+    cut = f" min{tree.min_score:g}" if tree.min_score else ""
+    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{cut}{ctx}"
 
 
 @dataclass
@@ -59,14 +61,15 @@ class Measured:
     weights: str
     plain_tok_s: float
     tree_tok_s: dict[str, float] = field(default_factory=dict)
-    trees: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    trees: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
     incorrect: list[str] = field(default_factory=list)
 
     def best_tree(self) -> TreeParams | None:
         """The fastest correct tree measured, or None when none was."""
         if not self.tree_tok_s:
             return None
-        return TreeParams(*self.trees[max(self.tree_tok_s, key=self.tree_tok_s.__getitem__)])
+        k, s, n, cut = self.trees[max(self.tree_tok_s, key=self.tree_tok_s.__getitem__)]
+        return TreeParams(k, s, n, min_score=cut)
 
     def best_tok_s(self) -> float:
         return max([self.plain_tok_s, *self.tree_tok_s.values()])
@@ -187,7 +190,7 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     if head:  # stage 2: the candidate trees of the fastest format
         engine = next(e for e in engines if e.config.weights_label == order[0])
         family = "q4" if engine.config.weights == "q4" else "dense"
-        trees = [TreeParams(*t) for t in CANDIDATES[family]]
+        trees = [TreeParams(k, s, n, min_score=cut) for k, s, n, cut in CANDIDATES[family]]
         plain, speeds, wrong = _speeds(engine, head, trees, PROMPTS, ROUNDS)
         log.info("  %s trees: %s (plain %.1f tok/s)", order[0], speeds, plain)
         measured[order[0]] = Measured(order[0], plain,
@@ -201,8 +204,8 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     return tuned
 
 
-def astuple(tree: TreeParams) -> tuple[int, int, int]:
-    return tree.topk, tree.num_steps, tree.num_draft_tokens
+def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
+    return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score
 
 
 def use_cached(engine, head: str | None) -> None:  # noqa: ANN001 - EagleEngine

@@ -67,11 +67,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default="ar,eagle")
     p.add_argument("--heads", default=None, help="comma-separated heads to compare: bundled "
                    "head names or head directories (default: --draft)")
-    p.add_argument("--sweep", default=None, help="tree shapes 'topk,steps,tokens;...'")
+    p.add_argument("--sweep", default=None, help=f"tree shapes {SWEEP_FORMAT}")
     p.add_argument("--costs", action="store_true", help="measure verify/draft cost ratios")
     p.add_argument("--other-weights-trees", default=None,
                    help="also run the target with the other weights (q4 <-> dense in --dtype): "
-                   "its baseline and EAGLE-3 with these tree shapes 'topk,steps,tokens;...'")
+                   f"its baseline and EAGLE-3 with these tree shapes {SWEEP_FORMAT}")
     p.add_argument("--first-turn-only", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     add_engine_args(p)
@@ -80,11 +80,22 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+SWEEP_FORMAT = "'topk,steps,tokens[,min_score];...'"
+
+
 def parse_sweep(text: str) -> list[TreeParams]:
+    """'4,3,8;2,1,3,0.1' -> trees (a fourth number is the tree's min_score)."""
     try:
-        return [TreeParams(*(int(x) for x in part.split(","))) for part in text.split(";")]
+        trees = []
+        for part in text.split(";"):
+            shape = part.split(",")
+            if len(shape) not in (3, 4):
+                raise ValueError(f"{part!r} has {len(shape)} numbers")
+            score = float(shape[3]) if len(shape) == 4 else 0.0
+            trees.append(TreeParams(*(int(x) for x in shape[:3]), min_score=score))
+        return trees
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"--sweep expects 'topk,steps,tokens;...', got {text!r} ({e})") from e
+        raise ConfigError(f"--sweep expects {SWEEP_FORMAT}, got {text!r} ({e})") from e
 
 
 def load_rows(path: Path, limit: int | None) -> list[dict]:

@@ -43,6 +43,10 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
                    help="add a chain from a suffix match over the conversation so far to the "
                    "tree, under the same --num-draft-tokens budget (default "
                    f"{'on' if CONTEXT_DRAFTS else 'off'})")
+    p.add_argument("--min-score", type=float, default=None,
+                   help="verify only draft tokens whose path probability is at least this, so "
+                   f"--num-draft-tokens becomes a cap (default {TreeParams().min_score:g}, with "
+                   f"q4 weights {Q4_TREE.min_score:g}{where})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
@@ -53,7 +57,8 @@ def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
                       base.num_draft_tokens if args.num_draft_tokens is None
                       else args.num_draft_tokens,
                       base.context_drafts if args.context_drafts is None
-                      else args.context_drafts)
+                      else args.context_drafts,
+                      base.min_score if args.min_score is None else args.min_score)
 
 
 def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:

@@ -393,7 +393,10 @@ class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
     tree nodes including the root. `context_drafts` adds a chain proposed by a suffix match over
     the conversation so far (`context_draft.py`) to the candidates, under the same
-    `num_draft_tokens` budget; such a chain may reach deeper than `num_steps` (`max_depth`)."""
+    `num_draft_tokens` budget; such a chain may reach deeper than `num_steps` (`max_depth`).
+    `min_score` leaves out of the tree every candidate whose path probability (the head's
+    calibrated score, or the chain's) is below it, so `num_draft_tokens` becomes a cap and an
+    unsure draft costs no verify rows; 0 verifies the full budget every iteration."""
 
     # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
     # (docs/results.md, section 4)
@@ -401,6 +404,7 @@ class TreeParams:
     num_steps: int = 3
     num_draft_tokens: int = 8
     context_drafts: bool = CONTEXT_DRAFTS
+    min_score: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):
@@ -410,6 +414,9 @@ class TreeParams:
         if not isinstance(self.context_drafts, bool):
             raise ConfigError(f"context_drafts must be true or false, got "
                               f"{self.context_drafts!r}")
+        score = self.min_score
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score < 1:
+            raise ConfigError(f"min_score must be a number in [0, 1), got {score!r}")
         if self.num_draft_tokens < 2:
             raise ConfigError(f"num_draft_tokens must be >= 2 (root + one draft), "
                               f"got {self.num_draft_tokens}")
@@ -433,10 +440,11 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: the fastest on MT-bench in the sweeps of both EPYC classes (docs/results.md,
-# sections 14 and 15; the AVX-512 Xeon's sweep did not try it); the app and
+# q4 target weights: a q4 tree row costs a fifth to a third of a one-token step on a 2-core CPU,
+# so only drafts with a path probability of at least 0.15 are verified; with that cut the
+# deeper k3 s2 n6 tree was the fastest on MT-bench (docs/results.md, section 20). The app and
 # `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`)
-Q4_TREE = TreeParams(2, 1, 3)
+Q4_TREE = TreeParams(3, 2, 6, min_score=0.15)
 
 
 @dataclass(frozen=True)

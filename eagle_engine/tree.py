@@ -1,5 +1,6 @@
 """Tree phase: merge the context's chain into the drafted candidates (when there is one), rerank
-all candidates to the best `num_draft_tokens - 1`, put the root in front and build what
+all candidates to the best `num_draft_tokens - 1` (those scoring at least `min_score`), put the
+root in front and build what
 verification needs (parents, depth, ancestor mask, retrieve indices, each node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
 the candidate order) is always selected before its children. `tree_input` runs the whole phase;
@@ -73,8 +74,11 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
                ) -> EagleVerifyInput:
     """root: [1] int64 on the tree's device (the engine's, no upload) or a Python int."""
     dev = drafted.tokens.device
-    order = torch.sort(drafted.scores, descending=True, stable=True).indices
-    selected = order[:tree.num_draft_tokens - 1].sort().values  # [N-1] candidate indices
+    ranked, order = torch.sort(drafted.scores, descending=True, stable=True)
+    best = order[:tree.num_draft_tokens - 1]
+    if tree.min_score > 0:  # a prefix of the ranking: parents stay with their children
+        best = best[ranked[:best.numel()] >= tree.min_score]
+    selected = best.sort().values  # [N-1] candidate indices
     parent_cand = drafted.parents[selected]
     parent_node = torch.where(parent_cand < 0, 0,
                               torch.searchsorted(selected, parent_cand.clamp_min(0)) + 1)
@@ -105,7 +109,7 @@ def tree_input(drafted: DraftTree, ctx: ContextDraft | None, root: torch.Tensor,
     tokens, parents, depth, ancestors, retrieve, scores, node_sources = cpu.build_tree(
         drafted.scores.contiguous(), drafted.tokens.contiguous(), drafted.parents.contiguous(),
         sources.contiguous(), ctx.tokens if ctx else [], ctx.scores if ctx else [],
-        tree.num_steps, root.reshape(1), tree.num_draft_tokens, tree.max_depth)
+        tree.num_steps, root.reshape(1), tree.num_draft_tokens, tree.min_score, tree.max_depth)
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
                             retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
                             sources=node_sources)

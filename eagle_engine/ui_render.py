@@ -322,6 +322,7 @@ class Settings:
     compare: bool
     weights: str  # `EngineConfig.weights_label` of the target to run
     context_drafts: bool = CONTEXT_DRAFTS  # add the context's suffix-match chain to the tree
+    min_score: float = 0.0  # verify only drafts whose path probability reaches this
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
@@ -331,7 +332,7 @@ class Settings:
             top_p=self.top_p if sampling_on else 1.0,
             seed=int(self.seed) if sampling_on and self.seed is not None else None)
         tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens,
-                          bool(self.context_drafts))
+                          bool(self.context_drafts), float(self.min_score or 0.0))
         if not self.spec:
             if self.compare:
                 raise ConfigError("compare needs speculative decoding on: with it off the "

@@ -87,7 +87,8 @@ def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: Samp
     upto = (siblings & ~before.T).double() @ p_node  # [N] sum_{j<=k} over the siblings
     previous = torch.where(siblings & before, nodes, -1).amax(-1)  # [N] -1: a first child
     below = torch.where(previous >= 0, upto[previous.clamp_min(0)], 0.0)  # [N] sum_{j<k}
-    coins = torch.rand(W - 1, generator=generator, device=dev).double()  # [W-1] one per level
+    # [max(W-1, 1)] one per level (a tree of the root alone, W = 1, indexes one too)
+    coins = torch.rand(max(W - 1, 1), generator=generator, device=dev).double()
     u = coins[(vin.depth - 1).clamp_min(0)]  # [N] the coin of each node's level
     passed = ((below <= u) & (u < upto)) | (vin.parents < 0)  # [N] the root always passes
     on_path = ~(vin.ancestors & ~passed).any(-1)  # [N] it and all its ancestors pass

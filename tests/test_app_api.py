@@ -49,7 +49,7 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
     names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
     assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
                      "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights",
-                     "context_drafts"]
+                     "context_drafts", "min_score"]
 
 
 def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
@@ -156,6 +156,26 @@ def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
     assert not any(s["source"] in ("context", "both") for s in records[False]["spans"])
     assert records[True]["stats"]["context_tokens"] > 0 == records[False]["stats"][
         "context_tokens"]
+
+
+def test_min_draft_probability_reaches_the_engine(tmp_path: Path) -> None:
+    """The "Min draft probability" slider, in process on a tiny engine: at 0 a copied answer
+    accepts drafts from the context; at 0.99 no draft scores that high, so every tree is the
+    root alone and every token comes from the target; the greedy text is the same."""
+    import app
+    from tests.helpers import tiny_engine
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    records = {}
+    for cut in (0.0, 0.99):
+        frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
+                              0, False, "fp32", True, cut))
+        records[cut] = frames[-1][app.OUTPUTS.index("run")]
+    assert records[0.0]["text"] == records[0.99]["text"]
+    assert records[0.0]["stats"]["context_tokens"] > 0
+    assert {s["kind"] for s in records[0.99]["spans"]} <= {"target", "bonus"}
+    assert records[0.99]["stats"]["step_tokens"] == records[0.99]["stats"]["num_steps"]
 
 
 def test_trained_head_accepts_drafts(app_server: AppServer) -> None:
@@ -306,19 +326,19 @@ def test_engine_failure_is_readable_and_page_stays_usable(fake_app: Any) -> None
 @pytest.mark.parametrize("q4", [False, True])
 def test_tree_sliders_start_at_the_default_tree_of_the_weights(
         fixed_events: list[StepEvent], q4: bool) -> None:
-    """Dense targets start at `TreeParams()`; q4 targets at the 4-token tree their sweep chose
-    (a q4 tree row costs more compute than a dense one)."""
+    """Dense targets start at `TreeParams()`; q4 targets at the tree their sweep chose, with a
+    min draft probability (a q4 tree row costs more compute than a dense one)."""
     import app
 
     engine = FakeEngine(fixed_events)
     engine.config = EngineConfig(target="fake", dtype="fp32", weights="q4" if q4 else "dense")
     demo = app.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
-               if b.elem_id in ("topk", "num-steps", "draft-tokens")}
+               if b.elem_id in ("topk", "num-steps", "draft-tokens", "min-score")}
     tree = Q4_TREE if q4 else TreeParams()
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
-                       "draft-tokens": tree.num_draft_tokens}
-    assert tree.num_draft_tokens == (3 if q4 else 8)
+                       "draft-tokens": tree.num_draft_tokens, "min-score": tree.min_score}
+    assert (tree.min_score > 0) == q4
 
 
 def test_measured_choice_sets_sliders_status_and_weights_note(
@@ -332,18 +352,19 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
     engines[0].config = EngineConfig(target="fake", dtype="fp32", weights="dense")
     engines[1].config = EngineConfig(target="fake", weights="q4")
     tuned = autotune.Tuned("eagle3-aux-1layer", {
-        "fp32": autotune.Measured("fp32", 17.0, {"k4 s3 n8": 18.0}, {"k4 s3 n8": (4, 3, 8)}),
-        "q4": autotune.Measured("q4", 100.0, {"k2 s2 n3": 104.0, "k3 s2 n4": 109.0},
-                                {"k2 s2 n3": (2, 2, 3), "k3 s2 n4": (3, 2, 4)})},
+        "fp32": autotune.Measured("fp32", 17.0, {"k4 s3 n8": 18.0},
+                                  {"k4 s3 n8": (4, 3, 8, 0.0)}),
+        "q4": autotune.Measured("q4", 100.0, {"k2 s2 n3": 104.0, "k3 s2 n4 min0.2": 109.0},
+                                {"k2 s2 n3": (2, 2, 3, 0.0), "k3 s2 n4 min0.2": (3, 2, 4, 0.2)})},
         ["q4", "fp32"], 21.0, "test CPU")
     ordered = autotune.apply(engines, tuned)
     assert [e.config.weights_label for e in ordered] == ["q4", "fp32"]
     demo = app.build_demo(ordered)
     blocks = {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
-    assert (blocks["topk"].value, blocks["num-steps"].value, blocks["draft-tokens"].value) == (
-        3, 2, 4)
-    assert "**Chosen by measurement** q4 weights, tree k3 s2 n4 109 tok/s vs plain 100 tok/s" \
-        in blocks["engine-status"].value
+    assert (blocks["topk"].value, blocks["num-steps"].value, blocks["draft-tokens"].value,
+            blocks["min-score"].value) == (3, 2, 4, 0.2)
+    assert ("**Chosen by measurement** q4 weights, tree k3 s2 n4 min0.2 109 tok/s vs plain "
+            "100 tok/s") in blocks["engine-status"].value
     assert blocks["weights"].info == "measured here (fastest first): q4 109 tok/s, fp32 18 tok/s"
 
 
@@ -359,9 +380,9 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
     engines[1].config = EngineConfig(target="fake", weights="q4")
     pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
     assert list(pg.engines) == ["bf16", "q4"]
-    assert [u["value"] for u in pg.weights_changed("q4")] == [Q4_TREE.topk, Q4_TREE.num_steps,
-                                                          Q4_TREE.num_draft_tokens]
-    assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8]
+    assert [u["value"] for u in pg.weights_changed("q4")] == [
+        Q4_TREE.topk, Q4_TREE.num_steps, Q4_TREE.num_draft_tokens, Q4_TREE.min_score]
+    assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8, 0.0]
     records = {}
     for weights in ("bf16", "q4"):
         settings = ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, weights)

@@ -204,7 +204,7 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
     ex(page.locator("#layers label")).to_have_count(1)
     page.locator("#aux input").check()
     ex(page.locator("#layers label")).to_have_count(2)
-    set_number(page, "topk", 3)  # the q4 default tree is k2 s2: change it, then back
+    set_number(page, "topk", 3)  # change the tree, then set k2 s2
     set_number(page, "num-steps", 3)
     ex(page.locator("#draft-tokens input[type=number]")).to_have_attribute("max", "22")
     set_number(page, "topk", 2)
@@ -225,7 +225,7 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
 def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None:
     """The sidebar offers the dense copy beside the default q4 target, and says which tree was
     measured fastest here (the app's first start, `eagle_engine/autotune.py`): the tree sliders
-    start at it, choosing the dense copy moves them to the dense tree (the slower format's
+    (the min draft probability too) start at it, choosing the dense copy moves them to the dense tree (the slower format's
     static default, the only tree measured for it) and the answer comes from the dense
     target; choosing q4 again brings the measured tree back."""
     from eagle_engine.config import EngineConfig, TreeParams
@@ -234,18 +234,22 @@ def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None
     page, ex = probe.page, expect()
     status = page.locator("#engine-status")
     ex(status).to_contain_text("Chosen by measurement q4 weights, tree k")
-    measured = re.search(r"tree k(\d+) s(\d+) n(\d+)", status.inner_text())
+    measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", status.inner_text())
     assert measured is not None
     tokens = page.locator("#draft-tokens input[type=number]")
+    cut = page.locator("#min-score input[type=number]")
     ex(tokens).to_have_value(measured.group(3))
     ex(page.locator("#topk input[type=number]")).to_have_value(measured.group(1))
+    ex(cut).to_have_value(measured.group(4) or "0")
     page.locator("#weights label", has_text=dense).click()
     ex(tokens).to_have_value(str(TreeParams().num_draft_tokens))
+    ex(cut).to_have_value("0")
     ask(page, "Name a fruit.", 8)
     wait_done(page)
     ex(page.locator("#status")).to_contain_text(f"{dense} target")
     page.locator("#weights label", has_text="q4").click()
     ex(tokens).to_have_value(measured.group(3))
+    ex(cut).to_have_value(measured.group(4) or "0")
 
 
 def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> None:

@@ -258,13 +258,13 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     from eagle_engine.config import Q4_TREE, EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
-                           context_drafts=None)
+                           context_drafts=None, min_score=None)
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == Q4_TREE
-    assert Q4_TREE.num_draft_tokens == 3 and TreeParams().num_draft_tokens == 8
-    args.num_draft_tokens, args.topk = 4, 3
+    assert Q4_TREE.min_score > 0 and TreeParams().min_score == 0
+    args.num_draft_tokens, args.topk = 3, 1
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(
-        3, Q4_TREE.num_steps, 4)
+        1, Q4_TREE.num_steps, 3, min_score=Q4_TREE.min_score)
     from eagle_engine.cli import build_parser
 
     for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
@@ -274,6 +274,20 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
             assert parsed.context_drafts is want
             if want is not None:
                 assert tree_params(parsed, Q4_TREE) == replace(Q4_TREE, context_drafts=want)
+        parsed = build_parser().parse_args(cmd + ["--min-score", "0.25"])
+        assert tree_params(parsed, Q4_TREE) == replace(Q4_TREE, min_score=0.25)
+
+
+def test_sweep_trees_take_an_optional_min_score() -> None:
+    from eagle_engine.bench import parse_sweep
+    from eagle_engine.config import ConfigError
+
+    assert parse_sweep("4,3,8;2,1,3,0.2") == [TreeParams(4, 3, 8),
+                                              TreeParams(2, 1, 3, min_score=0.2)]
+    for bad, why in (("4,3", "'4,3' has 2 numbers"), ("4,3,8,0.1,2", "has 5 numbers"),
+                     ("4,3,x", "invalid literal"), ("4,3,8,1.5", "min_score must be")):
+        with pytest.raises(ConfigError, match=why):
+            parse_sweep(bad)
 
 
 def test_selfcheck_report_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

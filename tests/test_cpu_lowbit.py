@@ -246,7 +246,9 @@ def test_engine_q4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
         assert engine.generate(ids, params, tree, "head").token_ids == base
     default = engine.generate(ids, params, None, "head", keep_events=True)  # config's tree
     assert default.token_ids == base
-    assert {len(ev.tree) for ev in default.events if ev.tree} == {Q4_TREE.num_draft_tokens}
+    trees = [ev.tree for ev in default.events if ev.tree]  # the config's cut applies
+    assert max(map(len, trees)) <= Q4_TREE.num_draft_tokens
+    assert all(node.score >= Q4_TREE.min_score for tree in trees for node in tree)
 
 
 def test_q4_caches_after_every_commit_equal_a_fresh_prefill(

@@ -201,6 +201,40 @@ class Oracle:
         self.checks += 1
 
 
+class Watcher(Oracle):
+    """The oracle's cache checks after every commit, over the head's own drafts."""
+
+    def plant(self, drafted: DraftTree, future: list[int], tree: TreeParams) -> DraftTree:
+        return drafted
+
+
+@pytest.mark.parametrize("where", ["median", "above every score"])
+def test_min_score_trees_keep_parity_and_exact_caches(engine: EagleEngine,
+                                                      baseline: list[list[int]],
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      where: str) -> None:
+    """A tree with a `min_score` holds only the nodes scoring at least it: sizes vary, down to
+    the root alone when the cut is above every score. Greedy output equals the baseline, every
+    commit leaves both caches equal to a fresh prefill, and sampling with top_k=1 (a point
+    mass) equals greedy on such trees too."""
+    full = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 8), "aux", keep_events=True)
+    scores = sorted(n.score for ev in full.events if ev.tree for n in ev.tree[1:])
+    cut = scores[len(scores) // 2] if where == "median" else 0.999
+    assert scores[-1] < 0.999
+    watcher = Watcher(engine, PROMPTS[0]).install(monkeypatch)
+    result = engine.generate(PROMPTS[0], GREEDY, TreeParams(3, 3, 8, min_score=cut), "aux",
+                             keep_events=True)
+    assert result.token_ids == baseline[0]
+    trees = [ev.tree for ev in result.events if ev.tree]
+    assert all(node.score >= cut for tree in trees for node in tree[1:])
+    sizes = {len(tree) for tree in trees}
+    assert len(sizes) >= 3 if where == "median" else sizes == {1}
+    assert watcher.checks == len(trees)
+    point_mass = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=1, seed=5)
+    sampled = engine.generate(PROMPTS[0], point_mass, TreeParams(3, 3, 8, min_score=cut), "aux")
+    assert sampled.token_ids == baseline[0]  # sampled acceptance on the same trees
+
+
 def assert_rows_equal(cache: KVCache, fresh: KVCache, n: int) -> None:
     for (k, v), (fk, fv) in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(k[:, :, :n], fk[:, :, :n], atol=1e-4, rtol=1e-4)

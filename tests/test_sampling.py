@@ -17,6 +17,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from itertools import product
 
@@ -96,9 +97,10 @@ class ContextSyntheticTarget(SyntheticTarget):
     level: low enough that chains from the context often take part of the budget), merged with the chain a `ContextIndex` over the context proposes, the best
     `CONTEXT_TREE.num_draft_tokens - 1` of both selected; verify logits per selected node."""
 
-    def __init__(self) -> None:
+    def __init__(self, tree: TreeParams = CONTEXT_TREE) -> None:
         super().__init__()
         self.head = SyntheticTarget()
+        self.params = tree
 
     def tree(self, ctx: tuple[int, ...]) -> tuple[EagleVerifyInput, torch.Tensor]:
         if ctx not in self.cache:
@@ -109,10 +111,10 @@ class ContextSyntheticTarget(SyntheticTarget):
                 rank = sum(1 for j in range(c) if parents[j] == p)
                 scores.append((scores[p] if p >= 0 else 1.0) * 0.25 / (rank + 1))
             drafted = DraftTree(torch.tensor(scores), head.tokens[1:], torch.tensor(parents))
-            chain = ContextIndex(list(ctx)).propose(CONTEXT_TREE.num_draft_tokens - 1)
+            chain = ContextIndex(list(ctx)).propose(self.params.num_draft_tokens - 1)
             if chain:
-                drafted = merge_context(drafted, chain, CONTEXT_TREE)
-            vin = build_tree(drafted, ctx[-1], len(ctx), CONTEXT_TREE)
+                drafted = merge_context(drafted, chain, self.params)
+            vin = build_tree(drafted, ctx[-1], len(ctx), self.params)
             tokens = vin.tokens.tolist()
             rows = [target_logits(ctx + tuple(tokens[i] for i in path.tolist() if i > 0))
                     for path in vin.retrieve_indices]
@@ -238,6 +240,18 @@ def test_engine_rule_is_lossless_with_context_drafts(with_context: ContextSynthe
     stat, p, tv = run(with_context, accept_sampled, CONFIGS[name], seed=2)
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
+
+
+def test_engine_rule_is_lossless_with_a_min_score() -> None:
+    """A `min_score` drops the candidates below it (head level 2 at 0.0625, the third sibling
+    at 0.083, weak chain nodes), so trees vary in size; sampling stays exact."""
+    cut = ContextSyntheticTarget(replace(CONTEXT_TREE, min_score=0.1))
+    stat, p, tv = run(cut, accept_sampled, CONFIGS["T1"], seed=3)
+    assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
+    assert tv < 0.05
+    sizes = Counter(vin.tokens.numel() for vin, _ in cut.cache.values())
+    assert len(sizes) >= 2 and min(sizes) < CONTEXT_TREE.num_draft_tokens, sizes
+    assert all(bool((vin.scores[1:] >= 0.1).all()) for vin, _ in cut.cache.values())
 
 
 def test_reference_walk_is_lossless(synthetic: SyntheticTarget) -> None:

@@ -136,6 +136,10 @@ def assert_nodes_map_to_candidates(drafted: DraftTree, vin: EagleVerifyInput) ->
     (dict(num_steps=-1), "num_steps must be a positive integer, got -1"),
     (dict(num_draft_tokens=1), "num_draft_tokens must be >= 2"),
     (dict(topk=2.0), "topk must be a positive integer, got 2.0"),
+    (dict(min_score=1.0), "min_score must be a number in [0, 1), got 1.0"),
+    (dict(min_score=-0.1), "min_score must be a number in [0, 1), got -0.1"),
+    (dict(min_score="0.1"), "min_score must be a number in [0, 1), got '0.1'"),
+    (dict(min_score=float("nan")), "min_score must be a number in [0, 1), got nan"),
 ])
 def test_tree_params_validation(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -158,7 +158,8 @@ std::vector<torch::Tensor> tree_from_parents(const torch::Tensor& parents, int64
 // head's candidates scores [C] float32, tokens, parents (-1: a child of the root; parents
 // precede children), sources [C] int64 (or empty: all the head's); the context's chain
 // chain_tokens / chain_scores [L] (L may be 0); the head's depth S = num_steps; the root's token
-// [1] (read here: Python reads no scalar, as on a GPU); the tree's size and max_depth ->
+// [1] (read here: Python reads no scalar, as on a GPU); the tree's size, its min_score (0: none)
+// and max_depth ->
 // {tokens, parents, depth, ancestors, retrieve, scores, sources} of the selected tree, root
 // first (`EagleVerifyInput`).
 std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::Tensor& tokens,
@@ -166,7 +167,7 @@ std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::
                                       const std::vector<int64_t>& chain_tokens,
                                       const std::vector<double>& chain_scores, int64_t num_steps,
                                       const torch::Tensor& root, int64_t num_draft_tokens,
-                                      int64_t max_depth) {
+                                      double min_score, int64_t max_depth) {
   const int64_t C = tokens.numel(), L = chain_tokens.size();
   TORCH_CHECK(scores.dim() == 1 && scores.size(0) == C && scores.scalar_type() == torch::kFloat &&
                   scores.is_contiguous(),
@@ -212,11 +213,15 @@ std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::
       src.push_back(1);  // NodeSource.CONTEXT
     }
   }
-  // the best num_draft_tokens - 1 candidates (a stable descending sort), in candidate order
-  const int64_t total = sc.size(), n = std::min(total, num_draft_tokens - 1);
+  // the best num_draft_tokens - 1 candidates (a stable descending sort) that score at least
+  // min_score, in candidate order
+  const int64_t total = sc.size();
   std::vector<int64_t> order(total);
   for (int64_t c = 0; c < total; ++c) order[c] = c;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[a] > sc[b]; });
+  int64_t n = std::min(total, num_draft_tokens - 1);
+  if (min_score > 0)  // compared in float32, as the torch reference compares
+    while (n > 0 && !(sc[order[n - 1]] >= float(min_score))) --n;
   std::vector<int64_t> selected(order.begin(), order.begin() + n);
   std::sort(selected.begin(), selected.end());
   const int64_t N = n + 1;
