@@ -327,7 +327,7 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             info="also draft what followed the latest earlier occurrence of the text's end "
             "(prompt and answer so far); it competes for the same draft tokens")
         c["min_score"] = gr.Slider(
-            0, 0.5, tree.min_score, step=0.05, label="Min draft probability",
+            0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
             elem_id="min-score", info="verify only drafts whose path probability is at least "
             "this: an unsure draft then costs no verify row (0: always the full tree)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",

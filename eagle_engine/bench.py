@@ -115,28 +115,30 @@ class Run:
 
 def run_modes(rows: list[dict], runs: list[Run], params: SamplingParams,
               first_turn_only: bool) -> dict[str, ModeTotals]:
-    """Every run on every turn, in turn. The first run's answers build the conversations; an
-    EAGLE-3 answer is compared with the baseline answer of its own engine."""
+    """Every run on every turn, the order rotated by one run per prompt row, so that each run
+    takes each place in turn (two heads on the same tree swapped a 3-4% difference when their
+    order was swapped: docs/results.md, section 20). The first run's answers build the
+    conversations; an EAGLE-3 answer is compared with the baseline answer of its own engine."""
     totals = {r.label: ModeTotals() for r in runs}
     for i, row in enumerate(rows):
         messages: list[dict[str, str]] = []
+        order = runs[i % len(runs):] + runs[:i % len(runs)]
         for turn in row["turns"][:1] if first_turn_only else row["turns"]:
             messages.append({"role": "user", "content": turn})
             prompt = runs[0].engine.encode(messages)
-            baseline_ids: dict[int, list[int]] = {}
-            first_text = None
-            for run in runs:
+            results = {}
+            for run in order:
                 t0 = time.perf_counter()
-                result = run.engine.generate(prompt, params, run.tree, run.head)
-                totals[run.label].add(result, time.perf_counter() - t0)
-                if run.head is None:
-                    baseline_ids[id(run.engine)] = result.token_ids
-                elif id(run.engine) in baseline_ids:
-                    same = result.token_ids == baseline_ids[id(run.engine)]
+                results[run.label] = run.engine.generate(prompt, params, run.tree, run.head)
+                totals[run.label].add(results[run.label], time.perf_counter() - t0)
+            baseline_ids = {id(r.engine): results[r.label].token_ids for r in runs
+                            if r.head is None}
+            for run in runs:
+                if run.head is not None and id(run.engine) in baseline_ids:
+                    same = results[run.label].token_ids == baseline_ids[id(run.engine)]
                     totals[run.label].same_as_baseline += same
                     totals[run.label].compared += 1
-                first_text = result.text if first_text is None else first_text
-            messages.append({"role": "assistant", "content": first_text})
+            messages.append({"role": "assistant", "content": results[runs[0].label].text})
         print(f"[{i + 1}/{len(rows)}] " + "  ".join(
             f"{k}: {v.summary()['tokens_per_s']} tok/s tau {v.summary()['tau']}"
             for k, v in totals.items()), flush=True)

@@ -440,11 +440,12 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: a q4 tree row costs a fifth to a third of a one-token step on a 2-core CPU,
-# so only drafts with a path probability of at least 0.15 are verified; with that cut the
-# deeper k3 s2 n6 tree was the fastest on MT-bench (docs/results.md, section 20). The app and
-# `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`)
-Q4_TREE = TreeParams(3, 2, 6, min_score=0.15)
+# q4 target weights: the fastest on MT-bench in the sweeps of all three CPU classes
+# (docs/results.md, sections 14, 15 and 19) is k2 s1 n3. A q4 tree row costs a fifth to a third
+# of a one-token step on a 2-core CPU, and the cut leaves out the second draft when it is
+# nearly hopeless: 4% faster, the same tau (section 20). The app and `python -m eagle_engine
+# tune` measure the fastest on each machine (`autotune.py`)
+Q4_TREE = TreeParams(2, 1, 3, min_score=0.05)
 
 
 @dataclass(frozen=True)

@@ -262,9 +262,9 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == Q4_TREE
     assert Q4_TREE.min_score > 0 and TreeParams().min_score == 0
-    args.num_draft_tokens, args.topk = 3, 1
+    args.num_draft_tokens, args.topk = 4, 3
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(
-        1, Q4_TREE.num_steps, 3, min_score=Q4_TREE.min_score)
+        3, Q4_TREE.num_steps, 4, min_score=Q4_TREE.min_score)
     from eagle_engine.cli import build_parser
 
     for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
