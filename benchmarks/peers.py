@@ -116,8 +116,8 @@ def main() -> None:
         autotune.use_cached(engine, DEFAULT_HEAD)  # the tree `tune` measured fastest here
         tree = engine.default_tree
         systems[f"ours plain, {label}"] = ours(engine, None, n)
-        systems[f"ours EAGLE-3, {label} (k{tree.topk} s{tree.num_steps} "
-                f"n{tree.num_draft_tokens})"] = ours(engine, DEFAULT_HEAD, n)
+        systems[f"ours EAGLE-3, {label} ({autotune.tree_label(tree)})"] = ours(
+            engine, DEFAULT_HEAD, n)
     for dtype in (torch.float32, torch.bfloat16):
         systems[f"transformers.generate, {str(dtype)[6:]}"] = transformers_generate(dtype, n)
     if importlib.util.find_spec("llama_cpp") is not None:

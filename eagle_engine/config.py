@@ -440,11 +440,12 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: the fastest on MT-bench in the sweeps of all three CPU classes
-# (docs/results.md, sections 14, 15 and 19) is k2 s1 n3. A q4 tree row costs a fifth to a third
-# of a one-token step on a 2-core CPU, and the cut leaves out the second draft when it is
-# nearly hopeless: 4% faster, the same tau (section 20). The app and `python -m eagle_engine
-# tune` measure the fastest on each machine (`autotune.py`)
+# q4 target weights: k2 s1 n3 was the fastest tree on MT-bench, or within the spread of runs of
+# the fastest, on the three CPU classes swept (docs/results.md, sections 14, 15 and 19). A q4
+# tree row costs a fifth to a third of a one-token step on a 2-core CPU, and the cut leaves out
+# the second draft when it is nearly hopeless: the same tau, 1.3% faster on the full MT-bench
+# and 4% on questions 1-16 (section 20). The app and `python -m eagle_engine tune` measure the
+# fastest on each machine (`autotune.py`)
 Q4_TREE = TreeParams(2, 1, 3, min_score=0.05)
 
 

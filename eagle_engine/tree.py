@@ -1,7 +1,7 @@
 """Tree phase: merge the context's chain into the drafted candidates (when there is one), rerank
 all candidates to the best `num_draft_tokens - 1` (those scoring at least `min_score`), put the
-root in front and build what
-verification needs (parents, depth, ancestor mask, retrieve indices, each node's source).
+root in front and build what verification needs (parents, depth, ancestor mask, retrieve
+indices, each node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
 the candidate order) is always selected before its children. `tree_input` runs the whole phase;
 on a CPU with the kernels built it is one C++ call (`kernels/cpu_step.cpp`, the same tree as

@@ -210,6 +210,7 @@ def test_user_and_model_text_is_escaped(app_server: AppServer) -> None:
     (dict(prompt="hi", temperature=-1.0), "less than minimum"),
     (dict(prompt="hi", max_new_tokens=100_000), "greater than maximum"),
     (dict(prompt="hi", topk=1, num_steps=2, num_draft_tokens=32), "num_draft_tokens=32"),
+    (dict(prompt="hi", min_score=0.9), "greater than maximum"),
     (dict(prompt="hi", aux=False, layers=2), "No head with aux off and 2 layer"),
     (dict(prompt="hi", spec=False, compare=True), "compare needs speculative decoding on"),
     (dict(prompt="word " * 1500), "context window"),
