@@ -87,6 +87,22 @@ def test_sampled_batched_equals_solo_with_the_same_seed(engine: EagleEngine) -> 
     assert [tokens(e) for e in events] == solo(engine, requests)
 
 
+def test_trees_with_a_min_score_batch_like_solo(engine: EagleEngine) -> None:
+    """Trees cut at a minimum draft probability vary in size from step to step (at 0.999 every
+    tree is the root alone); batched with full trees and plain decoding, greedy and sampled,
+    each request gets its solo tokens."""
+    cuts = [TreeParams(3, 2, 7, min_score=0.1), TreeParams(2, 3, 6, min_score=0.999),
+            TreeParams(2, 3, 6), None]
+    for params in ({}, {"temperature": 0.9, "seed": 3}):
+        requests = [(prompt(i, 6 + 2 * i), SamplingParams(max_new_tokens=12, ignore_eos=True,
+                                                          **params), tree, tree and "aux")
+                    for i, tree in enumerate(cuts)]
+        events, _ = run_all(engine, requests, 4)
+        assert [tokens(e) for e in events] == solo(engine, requests)
+        root_only = events[1][-1].stats
+        assert root_only["step_tokens"] == root_only["num_steps"]  # one token a step
+
+
 def test_stop_string_mid_batch(engine: EagleEngine) -> None:
     """A request ends on a stop string inside an accepted run while the rest go on; its text
     is its solo text."""
