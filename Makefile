@@ -14,6 +14,7 @@ install:
 install-dev: install
 	$(PIP) -r requirements-dev.txt
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	@ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq libjemalloc2 >/dev/null)
 
 app: install
 	$(PY) app.py

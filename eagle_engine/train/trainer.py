@@ -30,7 +30,13 @@ from tqdm import tqdm
 
 from ..config import ConfigError, parse_dtype, resolve_dtype
 from ..models.draft_model import DraftLayer, Eagle3Draft
+from .allocator import purge_freed_pages
 from .features import Sample
+
+
+# steps between returns of jemalloc's kept pages (`allocator.py`): a resumed CPU run grew ~0.3
+# GB a step from ~15 GB without them (docs/results.md, section 21)
+PURGE_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -430,6 +436,8 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
                              "tokens": int(batch.valid.sum()),
                              "wall_s": time.perf_counter() - t0})
             step += 1
+            if step % PURGE_EVERY == 0:  # a no-op unless jemalloc is preloaded
+                purge_freed_pages()
             if step == 3:
                 t3 = time.perf_counter()
             if not budget_set and step == 13:  # fit the schedule to the time budget
