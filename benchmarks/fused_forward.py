@@ -8,9 +8,10 @@ Calls the bundled target's fused decoder layers (`fused_decoder` in `kernels/cpu
 the 30 layers and the final norm, without the lm_head) on n random rows after a random float16
 cache of the given length; row 2 of a call hides one earlier row, as a tree row does. With
 `--compare-flags` the kernels are also built with those flags (`-DLOWBIT_ROW_PAIRS=0`: attention
-one query row at a time; `-DLOWBIT_PREFETCH_BYTES=0`: no weight prefetch), the two builds are
-called in alternating order, and their outputs are checked to be the same bits. Prints the
-median milliseconds of each build per shape, then JSON.
+one query row at a time; `-DLOWBIT_PREFETCH_BYTES=0`: no weight prefetch; `-DLOWBIT_KV_AHEAD=0`:
+no prefetch of the cache's keys and values), the two builds are called in alternating order,
+and their outputs are checked to be the same bits. Prints the median milliseconds of each build
+per shape, then JSON.
 """
 from __future__ import annotations
 

@@ -415,6 +415,29 @@ constexpr int64_t kMaxRows = 8, kChunk = 64;
 #define LOWBIT_PAIRS 0
 #endif
 
+// A task takes two query rows at least where rows go in pairs: a one-token step's three heads
+// of a kv head then run as a pair and a single, not as three singles.
+constexpr int64_t kMinRows = LOWBIT_PAIRS ? 2 : 1;
+
+// The keys and values a row reads stream from the cache (a long context's rows leave the
+// caches between layers), and the hardware's prefetchers stop at each 4 KB page. Each group of
+// keys asks for the rows kKvAhead keys ahead (a hint: addresses past the cache do not fault).
+// With kMinRows, a one-token step at 1,000-2,000 tokens of context is ~15% faster
+// (docs/results.md, section 22); -DLOWBIT_KV_AHEAD=0 turns the hints off
+// (`benchmarks/fused_forward.py --compare-flags=-DLOWBIT_KV_AHEAD=0` times both builds).
+#ifndef LOWBIT_KV_AHEAD
+#define LOWBIT_KV_AHEAD 64
+#endif
+constexpr int64_t kKvAhead = LOWBIT_KV_AHEAD;
+
+// Asks for the cache lines of n float16 cache rows (hd wide) kKvAhead rows past `rows`.
+LOWBIT_INLINE void prefetch_kv(const uint16_t* rows, int64_t hd, int64_t n) {
+  if constexpr (kKvAhead > 0) {
+    const char* p = reinterpret_cast<const char*>(rows + kKvAhead * hd);
+    for (int64_t line = 0; line < n * hd * 2; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+  }
+}
+
 // p[s] = q . key s for s in [s0, s1) (float16 key rows hd apart), 8 keys at a time from s0, then
 // one at a time: `sums8` and `sum1` add the lanes alike, so a score has the same bits wherever
 // its key lies.
@@ -423,6 +446,7 @@ void score_row(const float* q, const uint16_t* keys, int64_t hd, int64_t s0, int
   const int64_t V = hd / 8;
   int64_t s = s0;
   for (; s + 8 <= s1; s += 8) {
+    prefetch_kv(keys + s * hd, hd, 8);
     __m256 a[8];
     for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
     for (int64_t v = 0; v < V; ++v) {
@@ -449,6 +473,7 @@ void score_pair(const float* qa, const float* qb, const uint16_t* keys, int64_t 
   const int64_t V = hd / 8, both = std::min(s1a, s1b);
   int64_t s = s0;
   for (; s + 8 <= both; s += 8) {
+    prefetch_kv(keys + s * hd, hd, 8);
     __m256 a[8], b[8];
     for (int k = 0; k < 8; ++k) a[k] = b[k] = _mm256_setzero_ps();
     for (int64_t v = 0; v < V; ++v) {
@@ -480,6 +505,7 @@ void weigh_values(const float* p, const uint16_t* v, int64_t hd, int64_t k0, int
 #pragma GCC unroll 16
   for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(out + 8 * i);
   for (int64_t k = k0; k < k1; ++k) {
+    prefetch_kv(v + k * hd, hd, 1);
     if (p[k] == 0.f) continue;  // a masked key (adds nothing to either sum)
     sum += p[k];
     const __m256 pk = _mm256_set1_ps(p[k]);
@@ -514,6 +540,7 @@ void weigh_pair(const float* pa, const float* pb, const uint16_t* v, int64_t hd,
     b[i] = _mm256_loadu_ps(outb + 8 * i);
   }
   for (int64_t k = k0; k < k1; ++k) {
+    prefetch_kv(v + k * hd, hd, 1);
     const bool ua = pa[k] != 0.f, ub = pb[k] != 0.f;  // masked keys weigh 0: skipped
     if (ua) suma += pa[k];
     if (ub) sumb += pb[k];
@@ -555,7 +582,8 @@ AttnSeq attn_seq(const float* q, int64_t qs, const uint16_t* kc, const uint16_t*
                  const float* bias, float* out, const Dims& d) {
   const int64_t rows = d.heads / d.kv_heads * d.T;
   // about 4 tasks a thread, so that no thread waits long for the last one
-  const int64_t kRows = std::clamp<int64_t>(d.heads * d.T / (4 * at::get_num_threads()), 1, kMaxRows);
+  const int64_t kRows =
+      std::clamp<int64_t>(d.heads * d.T / (4 * at::get_num_threads()), kMinRows, kMaxRows);
   return {q, qs, kc, vc, bias, out, d, kRows, (rows + kRows - 1) / kRows};
 }
 
