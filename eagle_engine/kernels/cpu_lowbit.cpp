@@ -422,7 +422,7 @@ constexpr int64_t kMinRows = LOWBIT_PAIRS ? 2 : 1;
 // The keys and values a row reads stream from the cache (a long context's rows leave the
 // caches between layers), and the hardware's prefetchers stop at each 4 KB page. Each group of
 // keys asks for the rows kKvAhead keys ahead (a hint: addresses past the cache do not fault).
-// With kMinRows, a one-token step at 1,000-2,000 tokens of context is ~15% faster
+// With kMinRows, a one-token step at 1,200-2,000 tokens of context is 17-18% faster
 // (docs/results.md, section 22); -DLOWBIT_KV_AHEAD=0 turns the hints off
 // (`benchmarks/fused_forward.py --compare-flags=-DLOWBIT_KV_AHEAD=0` times both builds).
 #ifndef LOWBIT_KV_AHEAD
