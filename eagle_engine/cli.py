@@ -45,11 +45,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
                           "accept_length_mean": s.tau, "num_verify_steps": s.num_steps,
                           "acceptance_per_depth": s.acceptance_per_depth(),
                           "finished": result.finished, "mode": "eagle" if head else "ar",
-                          "head": head, "startup_s": startup}))
+                          "head": head, "startup_s": startup, "prompt_tokens": len(prompt_ids),
+                          "prefill_s": s.prefill_s}))
     else:
         print(result.text)
         print(f"[{len(result.token_ids)} tokens, {result.stats.tokens_per_s:.1f} tok/s, "
-              f"tau {result.stats.tau:.2f}, finished: {result.finished}]", file=sys.stderr)
+              f"tau {result.stats.tau:.2f}, prefill of {len(prompt_ids)} prompt tokens "
+              f"{result.stats.prefill_s:.2f}s, finished: {result.finished}]", file=sys.stderr)
 
 
 def cmd_tune(args: argparse.Namespace) -> None:

@@ -100,6 +100,8 @@ def test_generate_speculative_equals_baseline(capsys: pytest.CaptureFixture[str]
                           "3", "--num-draft-tokens", "12"], capsys)
     assert base["mode"] == "ar" and spec["mode"] == "eagle" and spec["head"] == "head"
     assert len(base["token_ids"]) == base["num_tokens"] > 0
+    assert base["prompt_tokens"] == spec["prompt_tokens"] > 3  # the chat template's tokens too
+    assert 0 < base["prefill_s"] < 60 and 0 < spec["prefill_s"] < 60
     assert spec["token_ids"] == base["token_ids"] and spec["text"] == base["text"]
     assert spec["finished"] == base["finished"]
 
