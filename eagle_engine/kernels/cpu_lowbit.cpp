@@ -271,13 +271,18 @@ void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_
 }
 
 // y [M, N] = x [M, K] @ W^T, into y. Groups of 8 columns split over ATen's threads; a group's
-// codes (a few KB) stay in L1 while every tile of up to 4 rows passes over them.
+// codes (a few KB) stay in L1 while every tile of rows passes over them: tiles of 8 rows where
+// the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster, docs/results.md
+// section 22; -DLOWBIT_TILE8=0 builds without), then of up to 4.
 template <bool kQ4>
 void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
   const Acts a = quantize_rows(x, M, K);
   at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       int64_t m = 0;
+#if defined(__AVX512VL__) && (!defined(LOWBIT_TILE8) || LOWBIT_TILE8)
+      for (; m + 8 <= M; m += 8) group_rows<8>(w, a, y, N, g, m);
+#endif
       for (; m + 4 <= M; m += 4) group_rows<4>(w, a, y, N, g, m);
       const int64_t left = M - m;
       if (left == 3) group_rows<3>(w, a, y, N, g, m);
