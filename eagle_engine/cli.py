@@ -35,11 +35,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"[startup] {startup:.2f}s (resolve/convert {engine.load_times['resolve_s']:.2f}s, "
           f"load {engine.load_times['load_s']:.2f}s)", file=sys.stderr)
     result = engine.generate(prompt_ids, params, tree, head, keep_events=args.events)
+    s = result.stats
     if args.json:
         if args.events:
             for ev in result.events:
                 print(json.dumps({"event": ev.to_dict()}))
-        s = result.stats
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "num_tokens": len(result.token_ids), "tokens_per_s": s.tokens_per_s,
                           "accept_length_mean": s.tau, "num_verify_steps": s.num_steps,
@@ -49,9 +49,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
                           "prefill_s": s.prefill_s}))
     else:
         print(result.text)
-        print(f"[{len(result.token_ids)} tokens, {result.stats.tokens_per_s:.1f} tok/s, "
-              f"tau {result.stats.tau:.2f}, prefill of {len(prompt_ids)} prompt tokens "
-              f"{result.stats.prefill_s:.2f}s, finished: {result.finished}]", file=sys.stderr)
+        print(f"[{len(result.token_ids)} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
+              f"prefill of {len(prompt_ids)} prompt tokens {s.prefill_s:.2f}s, "
+              f"finished: {result.finished}]", file=sys.stderr)
 
 
 def cmd_tune(args: argparse.Namespace) -> None:
