@@ -72,6 +72,23 @@ def greedy_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor) -> Eagl
 
 def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
                        generator: torch.Generator | None) -> EagleVerifyOutput:
+    """`sampled_acceptance_torch`, as one C++ call on a CPU with the kernels built
+    (`cpu_step.cpp`: the same coins and result, the distribution of the accepted path's rows
+    only)."""
+    cpu = cpu_step(logits)
+    if cpu is not None and logits.dtype == torch.float32:
+        W = vin.retrieve_indices.shape[1]
+        coins = torch.rand(max(W - 1, 1), generator=generator)  # one per level, then the bonus's
+        bonus_coin = torch.rand(1, generator=generator)
+        path, num_accepted, emitted = cpu.sampled_accept(
+            logits.contiguous(), vin.tokens, vin.parents, vin.depth, vin.retrieve_indices, coins,
+            bonus_coin, params.temperature, params.top_k, params.top_p)
+        return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
+    return sampled_acceptance_torch(vin, logits, params, generator)
+
+
+def sampled_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
+                             generator: torch.Generator | None) -> EagleVerifyOutput:
     """Tree speculative sampling with deterministic top-k drafts (q = point mass): at each level,
     child k is accepted iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) for one uniform u; if all
     children fail, the bonus is drawn from p with those children removed (renormalized). This is

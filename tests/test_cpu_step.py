@@ -2,8 +2,12 @@
 references, exactly: the greedy argmax of logits rows (ties, NaN, -inf, every width), greedy
 tree acceptance on the kernel cases (nothing, everything and some accepted; many ties), the
 tree built from random candidate sets with and without the context's chain, the tree from its
-parents and the KV commit (float32, bfloat16, float16; reversed and overlapping rows). The engine uses them once the q4 weights have built the module (and the references
-otherwise); bad input is refused naming the values.
+parents and the KV commit (float32, bfloat16, float16; reversed and overlapping rows). The
+sampler: its distribution equals the reference's up to float rounding (temperature, top-k,
+top-p; peaked and flat rows), its draws equal the reference's for the same coins, and tree
+speculative sampling gives the torch acceptance's path and bonus for the same coins. The engine
+uses them once the q4 weights have built the module (and the references otherwise); bad input
+is refused naming the values.
 """
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ import pytest
 import torch
 
 from eagle_engine import kernels
+from eagle_engine.config import SamplingParams
 from eagle_engine.io_struct import EagleVerifyInput
 from eagle_engine.kernels import cpu_lowbit, reference
 from eagle_engine.kernels.checks import compact_cases, tree_cases, verify_cases
-from eagle_engine.verify import greedy_acceptance, greedy_acceptance_torch
+from eagle_engine.verify import (greedy_acceptance, greedy_acceptance_torch, sampled_acceptance,
+                                 sampled_acceptance_torch)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,93 @@ def test_greedy_accept_equals_the_torch_acceptance(cpu, monkeypatch: pytest.Monk
         assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
 
 
+SAMPLERS = [(1.0, 0, 1.0), (0.7, 0, 0.95), (0.3, 50, 0.9), (1.5, 3, 1.0), (0.7, 0, 0.05),
+            (1.0, 0, 0.999), (1.2, 40, 0.8)]  # (temperature, top_k, top_p)
+
+
+@pytest.mark.parametrize("V", [5, 33, 1000, 49152])
+def test_sampling_probs_equal_the_reference(cpu, V: int) -> None:
+    """Peaked rows (a few tokens far above a normal spread, as a language model's) and flat
+    ones (every token within a factor of ~3: the nucleus lowers its floor), -inf logits and
+    tied values at the top-k boundary (without top-p: which of several tied tokens a nucleus
+    keeps is torch.topk's order, unspecified, where the kernel takes the lowest index)."""
+    g = torch.Generator().manual_seed(V)
+    peaked = torch.randn(3, V, generator=g) * 2.5
+    peaked[:, :min(V, 20)] += 8
+    flat = torch.randn(2, V, generator=g) * 0.3
+    masked = torch.randn(1, V, generator=g)
+    masked[0, ::2] = -float("inf")
+    ties = torch.randint(0, 4, (1, V), generator=g).float()
+    logits = torch.cat([peaked, flat, masked, ties])  # [7, V]
+    for temperature, top_k, top_p in SAMPLERS:
+        rows = logits if top_p == 1 else logits[:-1]  # no ties under top-p
+        got = cpu.sampling_probs(rows, temperature, top_k, top_p)
+        want = reference.sampling_probs(rows, temperature, top_k, top_p)
+        config = (temperature, top_k, top_p)
+        torch.testing.assert_close(got.sum(-1), torch.ones(len(rows)), rtol=0, atol=1e-5)
+        if top_p == 1:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{config}")
+            continue
+        # torch's softmax sums in float32 (~1e-6 of the mass), the kernel in double: tokens
+        # whose predecessors hold top_p within that may be kept by one and not the other
+        full = reference.sampling_probs(rows, temperature, top_k, 1.0)
+        for g_row, w_row, p_row in zip(got, want, full):
+            kept_g, kept_w = g_row > 0, w_row > 0
+            v, order = p_row.double().sort(descending=True)
+            before = torch.empty_like(v).scatter_(0, order, v.cumsum(0) - v)  # mass before each
+            assert bool(((before[kept_g ^ kept_w] - top_p).abs() < 5e-6).all()), config
+            both = kept_g & kept_w
+            torch.testing.assert_close(g_row[both] / g_row[both].sum(),
+                                       w_row[both] / w_row[both].sum(), rtol=1e-5, atol=1e-7,
+                                       msg=f"{config}")
+    assert torch.equal(kernels.sampling_probs(logits, 0.7, 0, 0.9),
+                       cpu.sampling_probs(logits, 0.7, 0, 0.9))
+
+
+def test_sample_rows_equal_the_reference_draws(cpu) -> None:
+    """The same coins give the same tokens: sparse and dense rows, unnormalized ones, a zero
+    tail a coin can land on, and coins at 0 and just below 1."""
+    g = torch.Generator().manual_seed(0)
+    V = 1000
+    dense = torch.softmax(torch.randn(4, V, generator=g), -1)
+    sparse = reference.sampling_probs(torch.randn(4, V, generator=g) * 3, 0.7, 0, 0.9)
+    scaled = dense[:2] * 7.5
+    tail = torch.zeros(2, V)
+    tail[:, :3] = torch.tensor([0.5, 0.25, 0.25])  # coins past 1 - 2^-24 land in the zeros
+    probs = torch.cat([dense, sparse, scaled, tail])  # [12, V]
+    for _ in range(50):
+        coins = torch.rand(len(probs), generator=g)
+        assert torch.equal(cpu.sample_rows(probs, coins), reference.sample_rows(probs, coins))
+    edges = torch.tensor([0.0, 0.99999994] * 6)
+    assert torch.equal(cpu.sample_rows(probs, edges), reference.sample_rows(probs, edges))
+
+
+@pytest.mark.parametrize("case", range(len(verify_cases())))
+def test_sampled_accept_equals_the_torch_acceptance(cpu, case: int) -> None:
+    """The kernel cases' trees with distinct tokens (siblings never repeat one in a drafted
+    tree), each draft made likely under its parent's row, three samplers, 20 coin seeds: the
+    same accepted path, count and bonus as the torch acceptance (whose distribution is the
+    kernel's too: `target_probs` dispatches to it)."""
+    name, (_, parents, _, _, _) = verify_cases()[case]
+    n, V = parents.numel(), 128
+    g = torch.Generator().manual_seed(case)
+    tokens = torch.randperm(V, generator=g)[:n]
+    vin = _vin(tokens, parents)
+    depths = set()
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_k=5),
+                   SamplingParams(temperature=1.2, top_p=0.8)):
+        for seed in range(20):
+            logits = torch.randn(n, V, generator=g) * 2
+            logits[parents[1:], tokens[1:]] += 4
+            got = sampled_acceptance(vin, logits, params, torch.Generator().manual_seed(seed))
+            want = sampled_acceptance_torch(vin, logits, params,
+                                            torch.Generator().manual_seed(seed))
+            for field in ("accepted_nodes", "num_accepted", "emitted"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
+            depths.add(int(got.num_accepted))
+    assert len(depths) >= 2 or n == 1, (name, depths)  # rejections and acceptances both
+
+
 @pytest.mark.parametrize("case", range(len(tree_cases())))
 def test_tree_from_parents_equals_the_reference(cpu, case: int) -> None:
     name, parents, max_depth = tree_cases()[case]
@@ -106,6 +199,17 @@ def test_bad_input_is_refused_naming_it(cpu) -> None:
         cpu.compact_rows(torch.zeros(1, 1, 8, 4), torch.tensor([6, 7]), 7)
     with pytest.raises(RuntimeError, match="source row 9 past"):
         cpu.compact_rows(torch.zeros(1, 1, 8, 4), torch.tensor([9]), 2)
+    with pytest.raises(RuntimeError, match="temperature > 0.*got 0, 0, 1"):
+        cpu.sampling_probs(torch.zeros(2, 8), 0.0, 0, 1.0)
+    with pytest.raises(RuntimeError, match=r"coins must be contiguous float32 \[2\]"):
+        cpu.sample_rows(torch.ones(2, 8), torch.rand(3))
+    vin = _vin(tokens, torch.tensor([-1, 0, 1]))
+    with pytest.raises(RuntimeError, match=r"coins must be float32 \[2\]"):
+        cpu.sampled_accept(torch.zeros(3, 8), tokens, vin.parents, vin.depth, vin.retrieve_indices,
+                           torch.rand(1), torch.rand(1), 1.0, 0, 1.0)
+    with pytest.raises(RuntimeError, match=r"token 9 of node 1 is outside \[0, 8\)"):
+        cpu.sampled_accept(torch.zeros(3, 8), torch.tensor([5, 9, 7]), vin.parents, vin.depth,
+                           vin.retrieve_indices, torch.rand(2), torch.rand(1), 1.0, 0, 1.0)
 
 
 def _candidates(g: torch.Generator, K: int, S: int, with_sources: bool):

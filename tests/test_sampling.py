@@ -4,7 +4,9 @@ A synthetic target over a 5-token vocabulary (logits a fixed pseudo-random funct
 prefix) and a fixed draft tree per prefix (depth 3, up to 3 siblings). Speculative rounds
 (`tests.helpers.accept_sampled` on the tree's logits, then a new tree after the emitted tokens) produce
 the first 3 tokens; their empirical joint distribution over 125 cells must match the target's
-exact autoregressive distribution (chi-square), plain and with top-k / top-p. The same holds
+exact autoregressive distribution (chi-square), plain and with top-k / top-p, with the torch
+sampler and acceptance and with the C++ ones a CPU runs once the q4 weights have built them
+(`kernels/cpu_step.cpp`: the distribution, the draw and the whole acceptance). The same holds
 with drafts from the context: the head's tree merged with the chain a suffix index over the
 context proposes (`tree.merge_context`), under a budget that drops nodes of both sources. A
 context node is a deterministic proposal like the head's top-k nodes (q = point mass), so the
@@ -28,7 +30,7 @@ from scipy.stats import chisquare
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.context_draft import ContextIndex
 from eagle_engine.io_struct import DraftTree, EagleVerifyInput, NodeSource
-from eagle_engine.kernels import build_tree_from_parents
+from eagle_engine.kernels import build_tree_from_parents, cpu_lowbit
 from eagle_engine.sampling import next_token, sample_from, target_probs
 from eagle_engine.tree import build_tree, merge_context
 from tests.helpers import accept_sampled
@@ -208,8 +210,18 @@ def test_trees_are_valid_and_draft_something(synthetic: SyntheticTarget) -> None
     assert lengths[1] and lengths[2] and lengths[3] + lengths[4] > 0  # every depth happens
 
 
+@pytest.fixture(params=["torch", "kernels"])
+def sampler(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What the engine samples and accepts with: the torch references, or the C++ kernels."""
+    if request.param == "kernels":
+        cpu_lowbit.load()
+    else:
+        monkeypatch.setattr(cpu_lowbit, "built", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_engine_rule_is_lossless(synthetic: SyntheticTarget, name: str) -> None:
+def test_engine_rule_is_lossless(synthetic: SyntheticTarget, sampler: str, name: str) -> None:
     stat, p, tv = run(synthetic, accept_sampled, CONFIGS[name])
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
@@ -236,7 +248,7 @@ def test_context_trees_mix_both_sources(with_context: ContextSyntheticTarget) ->
 
 @pytest.mark.parametrize("name", ["T1", "T1.3_topp0.8"])
 def test_engine_rule_is_lossless_with_context_drafts(with_context: ContextSyntheticTarget,
-                                                     name: str) -> None:
+                                                     sampler: str, name: str) -> None:
     stat, p, tv = run(with_context, accept_sampled, CONFIGS[name], seed=2)
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
@@ -335,7 +347,7 @@ def test_greedy_equals_argmax_on_vocabulary_rows(dtype: torch.dtype) -> None:
 def test_top_p_filter_equals_full_sort() -> None:
     """The partial-sort nucleus equals a full descending sort, peaked or flat (fallback path),
     one row or many, including rows that need different candidate counts."""
-    from eagle_engine.sampling import top_p_filter
+    from eagle_engine.kernels.reference import top_p_filter
 
     def full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         p, order = torch.sort(probs, dim=-1, descending=True)

@@ -1,5 +1,5 @@
-"""Tree bookkeeping kernels: Triton on CUDA when triton imports, C++ on a CPU once the q4
-weights have loaded the CPU kernels (`cpu_step.cpp`), the torch references otherwise.
+"""Tree bookkeeping and sampling kernels: Triton on CUDA when triton imports, C++ on a CPU once
+the q4 weights have loaded the CPU kernels (`cpu_step.cpp`), the torch references otherwise.
 
 The Triton modules are imported lazily, on the first CUDA call, so the CPU path never imports
 triton. Every function keeps the reference's signature and results (tests/test_kernels.py,
@@ -37,6 +37,24 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1]).contiguous()
         return cpu.argmax_rows(flat).view(logits.shape[:-1])
     return reference.argmax_rows(logits)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+                   ) -> torch.Tensor:
+    """logits [M, V] float32 -> probabilities [M, V] (temperature > 0; top_k 0 and top_p 1:
+    off). The plain sampler and tree acceptance both call this, so they share one distribution."""
+    cpu = cpu_step(logits)
+    if cpu is not None:
+        return cpu.sampling_probs(logits.contiguous(), temperature, top_k, top_p)
+    return reference.sampling_probs(logits, temperature, top_k, top_p)
+
+
+def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """probs [M, V] float32, coins [M] float32 in [0, 1) -> ids [M] by inverse CDF."""
+    cpu = cpu_step(probs)
+    if cpu is not None:
+        return cpu.sample_rows(probs.contiguous(), coins.contiguous())
+    return reference.sample_rows(probs, coins)
 
 
 def build_tree_from_parents(parents: torch.Tensor, max_depth: int
@@ -78,5 +96,5 @@ def compact_kv(cache: torch.Tensor, src_rows: torch.Tensor, dst_start: int) -> N
     reference.compact_kv(cache, src_rows, dst_start)
 
 
-__all__ = ["argmax_rows", "build_tree_from_parents", "compact_kv", "cpu_step", "triton_available",
-           "use_triton", "verify_tree_greedy"]
+__all__ = ["argmax_rows", "build_tree_from_parents", "compact_kv", "cpu_step", "sample_rows",
+           "sampling_probs", "triton_available", "use_triton", "verify_tree_greedy"]

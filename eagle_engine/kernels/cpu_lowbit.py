@@ -35,13 +35,14 @@ from ..config import LOWBIT_CPU_FLAGS, ConfigError, cache_root, compiler_availab
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_suffix(".cpp"), Path(__file__).with_name("cpu_step.cpp")]
+HEADERS = [Path(__file__).with_name("cpu_vec.h")]
 GROUP = 32  # inputs per block (scale, minimum)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 
 
 def source_digest() -> str:
-    """sha256 of the C++ sources: a changed source builds anew and measures anew."""
-    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()
+    """sha256 of the C++ sources and headers: a changed source builds anew and measures anew."""
+    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS)).hexdigest()
 
 
 def build_dir(flags: list[str]) -> Path:

@@ -1,6 +1,6 @@
 // The small per-iteration steps of the CPU engine, in C++: the greedy argmax of logits rows,
 // greedy tree acceptance, the tree (with the context's chain) and its bookkeeping from its
-// parents, and the KV commit.
+// parents, the KV commit, and sampling's distribution and draw.
 //
 // On a CPU an EAGLE-3 iteration of the bundled target costs ~5 ms, and each small ATen op
 // ~5-30 us with the weights' stream evicting its code and data from the caches: acceptance,
@@ -11,11 +11,16 @@
 // module (`cpu_lowbit.load`). Not here: the products and layers (`cpu_lowbit.cpp`).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include <immintrin.h>
+
+#include "cpu_vec.h"
 
 namespace {
 
@@ -272,10 +277,259 @@ void compact_rows(torch::Tensor cache, const torch::Tensor& src_rows, int64_t ds
   }
 }
 
+// ---- Sampling (`reference.sampling_probs`, `reference.sample_rows`) ---------------------------
+// The torch reference takes ~0.5 ms for a row of the target's 49,152 logits (its partial top-k
+// of 256 alone ~0.3 ms) and its draw ~0.3 ms more: ~15% of a sampled one-token step, and more
+// for a tree's rows. Here a row is a few passes over the logits, and top-p sorts only the
+// tokens within a factor of the most likely one (2^10, then 2^20, ... until they hold top_p),
+// which is the set a full sort would keep. The numbers equal the reference's up to float
+// rounding (a vector exp and other summation orders; tests/test_cpu_step.py), and every caller
+// on a CPU that has loaded this module uses these, the plain sampler and tree acceptance alike,
+// so acceptance stays exact for the distribution they share.
+
+namespace {
+
+// One row: x [V] logits -> out [V] probabilities; l [V] scratch.
+void probs_row(const float* x, float* out, int64_t V, float temperature, int64_t top_k,
+               float top_p, std::vector<float>& l, std::vector<std::pair<float, int64_t>>& cand) {
+  const __m256 t = _mm256_set1_ps(temperature);
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) {  // as torch: a float32 division
+    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), t);
+    _mm256_storeu_ps(l.data() + i, v);
+    vmax = _mm256_max_ps(vmax, v);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float m = -INFINITY;
+  for (float v : lanes) m = std::max(m, v);
+  for (; i < V; ++i) m = std::max(m, l[i] = x[i] / temperature);
+  if (top_k > 0 && top_k < V) {  // the k-th largest value, duplicates counted; below it dropped
+    std::vector<float> heap(l.begin(), l.begin() + top_k);  // a min-heap of the k largest
+    std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+    for (int64_t j = top_k; j < V; ++j)
+      if (l[j] > heap.front()) {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+        heap.back() = l[j];
+        std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+      }
+    const float kth = heap.front();
+    for (int64_t j = 0; j < V; ++j)
+      if (l[j] < kth) l[j] = -INFINITY;
+  }
+  // e = exp(l - max) into out (1 for the most likely token), summed in double as torch does
+  __m256d acc_lo = _mm256_setzero_pd(), acc_hi = acc_lo;
+  for (i = 0; i + 8 <= V; i += 8) {
+    const __m256 e = vexp(_mm256_sub_ps(_mm256_loadu_ps(l.data() + i), _mm256_set1_ps(m)));
+    _mm256_storeu_ps(out + i, e);
+    acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double sums[4];
+  _mm256_store_pd(sums, _mm256_add_pd(acc_lo, acc_hi));
+  double z = sums[0] + sums[1] + sums[2] + sums[3];
+  for (; i < V; ++i) {
+    alignas(32) float one[8] = {l[i] - m};
+    _mm256_store_ps(one, vexp(_mm256_load_ps(one)));
+    z += out[i] = one[0];
+  }
+  const float inv = float(1.0 / z);  // p = e * inv
+  if (top_p >= 1.f) {
+    for (int64_t j = 0; j < V; ++j) out[j] *= inv;
+    return;
+  }
+  // the nucleus: in descending order (ties by index), the tokens whose predecessors hold less
+  // than top_p (mass strictly before a token as torch's cumsum gives it: a double sum, rounded),
+  // found among the tokens with e >= floor, floor lowered 2^10 at a time until they hold top_p
+  float floor = 1.f / 1024.f;
+  for (;;) {
+    cand.clear();
+    double mass = 0;
+    const __m256 f = _mm256_set1_ps(floor);
+    for (i = 0; i < V; i += 8) {
+      if (i + 8 <= V && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(out + i), f, _CMP_GE_OQ)))
+        continue;  // no candidate among these 8
+      for (int64_t j = i; j < std::min(i + 8, V); ++j)
+        if (out[j] >= floor && out[j] > 0.f) {
+          cand.emplace_back(out[j] * inv, j);
+          mass += cand.back().first;
+        }
+    }
+    if (mass >= top_p || floor == 0.f) break;
+    floor = floor < 1e-30f ? 0.f : floor / 1024.f;
+  }
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  double before = 0, kept = 0;
+  size_t n = 0;
+  for (; n < cand.size(); ++n) {
+    const double upto = before + cand[n].first;
+    if (float(upto) - cand[n].first >= top_p) break;
+    before = upto;
+    kept += cand[n].first;
+  }
+  std::fill(out, out + V, 0.f);
+  const float scale = float(1.0 / kept);
+  for (size_t k = 0; k < n; ++k) out[cand[k].second] = cand[k].first * scale;
+}
+
+// Calls visit(k) for k = 0, 1, ... in order, skipping blocks of 8 zeros (adding 0 leaves a sum
+// as it is), until visit returns true: the rows of a top-p distribution are mostly zeros.
+template <class Visit>
+void nonzero_in_order(const float* p, int64_t V, Visit visit) {
+  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  int64_t j = 0;
+  for (; j + 8 <= V; j += 8) {
+    if (_mm256_testz_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + j), _mm256_setzero_ps(), _CMP_NEQ_UQ), all))
+      continue;
+    for (int64_t k = j; k < j + 8; ++k)
+      if (visit(k)) return;
+  }
+  for (; j < V; ++j)
+    if (visit(j)) return;
+}
+
+// One inverse-CDF draw from p [V] (unnormalized allowed) with coin in [0, 1): the first token
+// whose running sum (in double, rounded to float: torch's cumsum on a CPU) exceeds coin * the
+// total; past the end, the last token; a token of probability 0 (a coin on a zero tail) gives
+// the row's first maximum instead.
+int64_t sample_row(const float* p, int64_t V, float coin) {
+  double total = 0;
+  nonzero_in_order(p, V, [&](int64_t k) { total += p[k]; return false; });
+  const float target = coin * float(total);
+  double acc = 0;
+  int64_t id = V - 1;
+  nonzero_in_order(p, V, [&](int64_t k) { return float(acc += p[k]) > target && (id = k, true); });
+  return p[id] == 0.f ? argmax_row(p, V) : id;
+}
+
+}  // namespace
+
+// logits [M, V] float32 -> probabilities [M, V] float32 (temperature > 0; top_k 0: off;
+// top_p 1: off).
+torch::Tensor sampling_probs(const torch::Tensor& logits, double temperature, int64_t top_k,
+                             double top_p) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
+                  logits.size(1) > 0,
+              "logits must be contiguous float32 [M, V], got ", logits.scalar_type(), " ",
+              logits.sizes());
+  TORCH_CHECK(temperature > 0 && top_k >= 0 && top_p > 0 && top_p <= 1,
+              "sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1, got ", temperature,
+              ", ", top_k, ", ", top_p);
+  const int64_t M = logits.size(0), V = logits.size(1);
+  auto out = torch::empty({M, V}, torch::kFloat);
+  std::vector<float> scratch(V);
+  std::vector<std::pair<float, int64_t>> cand;
+  for (int64_t r = 0; r < M; ++r)
+    probs_row(logits.data_ptr<float>() + r * V, out.data_ptr<float>() + r * V, V,
+              float(temperature), top_k, float(top_p), scratch, cand);
+  return out;
+}
+
+// probs [M, V] float32 (unnormalized allowed), coins [M] float32 in [0, 1) -> [M] int64, a
+// `sample_row` draw per row.
+torch::Tensor sample_rows(const torch::Tensor& probs, const torch::Tensor& coins) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == torch::kFloat && probs.is_contiguous() &&
+                  probs.size(1) > 0,
+              "probs must be contiguous float32 [M, V], got ", probs.scalar_type(), " ",
+              probs.sizes());
+  const int64_t M = probs.size(0), V = probs.size(1);
+  TORCH_CHECK(coins.dim() == 1 && coins.size(0) == M && coins.scalar_type() == torch::kFloat &&
+                  coins.is_contiguous(),
+              "coins must be contiguous float32 [", M, "], got ", coins.scalar_type(), " ",
+              coins.sizes());
+  auto out = torch::empty({M}, torch::kLong);
+  for (int64_t r = 0; r < M; ++r)
+    out.data_ptr<int64_t>()[r] = sample_row(probs.data_ptr<float>() + r * V, V, coins.data_ptr<float>()[r]);
+  return out;
+}
+
+// Tree speculative sampling (`verify.sampled_acceptance_torch`): from the root, the children of
+// the accepted node are tried in index order against the coin of their level, child k accepted
+// iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) under the node's distribution (in double); when
+// none is, the bonus token is drawn from that distribution with the children's tokens removed
+// (itself if they held all its mass). Only the rows on the accepted path get a distribution
+// (`probs_row`, as `sampling_probs` gives them), where the reference computes every row.
+// logits [N, V] float32; tokens, parents, depth [N] int64; retrieve [N, W] int64; coins
+// [max(W - 1, 1)] and bonus_coin [1] float32 -> {accepted_nodes [W], num_accepted [1], emitted
+// [W] (-1 padded)}.
+std::vector<torch::Tensor> sampled_accept(const torch::Tensor& logits, const torch::Tensor& tokens,
+                                          const torch::Tensor& parents, const torch::Tensor& depth,
+                                          const torch::Tensor& retrieve, const torch::Tensor& coins,
+                                          const torch::Tensor& bonus_coin, double temperature,
+                                          int64_t top_k, double top_p) {
+  const int64_t N = tokens.numel();
+  TORCH_CHECK(N > 0 && logits.dim() == 2 && logits.size(0) == N && logits.size(1) > 0 &&
+                  logits.scalar_type() == torch::kFloat && logits.is_contiguous(),
+              "logits must be contiguous float32 [", N, ", V], got ", logits.scalar_type(), " ",
+              logits.sizes());
+  check_vector(tokens, "tokens", N);
+  check_vector(parents, "parents", N);
+  check_vector(depth, "depth", N);
+  TORCH_CHECK(retrieve.dim() == 2 && retrieve.size(0) == N && retrieve.scalar_type() == torch::kLong &&
+                  retrieve.is_contiguous(),
+              "retrieve must be contiguous int64 [", N, ", W], got ", retrieve.sizes());
+  const int64_t V = logits.size(1), W = retrieve.size(1);
+  TORCH_CHECK(coins.dim() == 1 && coins.size(0) == std::max<int64_t>(W - 1, 1) &&
+                  coins.scalar_type() == torch::kFloat && coins.is_contiguous() &&
+                  bonus_coin.numel() == 1 && bonus_coin.scalar_type() == torch::kFloat,
+              "coins must be float32 [", std::max<int64_t>(W - 1, 1), "] and bonus_coin float32 [1], got ",
+              coins.sizes(), " and ", bonus_coin.sizes());
+  TORCH_CHECK(temperature > 0 && top_k >= 0 && top_p > 0 && top_p <= 1,
+              "sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1, got ", temperature,
+              ", ", top_k, ", ", top_p);
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t* par = parents.data_ptr<int64_t>();
+  const int64_t* dep = depth.data_ptr<int64_t>();
+  const float* u = coins.data_ptr<float>();
+  for (int64_t j = 0; j < N; ++j) {
+    TORCH_CHECK(j == 0 ? par[j] < 0 : (par[j] >= 0 && par[j] < j), "parents must list the root first ",
+                "and every parent before its child; node ", j, " has parent ", par[j]);
+    TORCH_CHECK(tok[j] >= 0 && tok[j] < V, "token ", tok[j], " of node ", j, " is outside [0, ", V, ")");
+    TORCH_CHECK(j == 0 || (dep[j] >= 1 && dep[j] < W), "node ", j, " has depth ", dep[j],
+                ", outside [1, ", W, ")");
+  }
+  std::vector<float> p(V), scratch(V);
+  std::vector<std::pair<float, int64_t>> cand;
+  int64_t node = 0;
+  for (;;) {
+    probs_row(logits.data_ptr<float>() + node * V, p.data(), V, float(temperature), top_k,
+              float(top_p), scratch, cand);
+    int64_t next = -1;
+    double below = 0;
+    for (int64_t j = node + 1; j < N && next < 0; ++j) {
+      if (par[j] != node) continue;
+      const double upto = below + double(p[tok[j]]), coin = u[dep[j] - 1];
+      if (below <= coin && coin < upto) next = j;
+      below = upto;
+    }
+    if (next < 0) break;
+    node = next;
+  }
+  std::vector<float> residual(p);
+  for (int64_t j = node + 1; j < N; ++j)
+    if (par[j] == node) residual[tok[j]] = 0.f;
+  const bool left = std::any_of(residual.begin(), residual.end(), [](float v) { return v > 0.f; });
+  const int64_t bonus = sample_row(left ? residual.data() : p.data(), V, bonus_coin.data_ptr<float>()[0]);
+  auto nodes = retrieve[node].clone();  // [W]
+  auto num = torch::full({1}, dep[node], torch::kLong);
+  auto emitted = torch::full({W}, -1, torch::kLong);
+  const int64_t* path = nodes.data_ptr<int64_t>();
+  int64_t* out = emitted.data_ptr<int64_t>();
+  for (int64_t k = 0; k < dep[node]; ++k) out[k] = tok[path[k + 1]];
+  out[dep[node]] = bonus;
+  return {nodes, num, emitted};
+}
+
 void register_step(pybind11::module& m) {
   m.def("argmax_rows", &argmax_rows, "logits [M, V] f32 -> [M] first index of each row's maximum");
   m.def("greedy_accept", &greedy_accept, "greedy tree acceptance -> accepted nodes, count, emitted");
   m.def("build_tree", &build_tree, "candidates (+ the context's chain) -> the tree to verify");
   m.def("tree_from_parents", &tree_from_parents, "parents [N] -> depth, ancestors, retrieve");
   m.def("compact_rows", &compact_rows, "cache rows src_rows -> [dst_start, dst_start + n)");
+  m.def("sampling_probs", &sampling_probs, "logits [M, V] -> probabilities (temperature, top-k, top-p)");
+  m.def("sample_rows", &sample_rows, "probs [M, V], coins [M] -> [M] inverse-CDF draws");
+  m.def("sampled_accept", &sampled_accept, "tree speculative sampling -> accepted nodes, count, emitted");
 }

@@ -1,6 +1,7 @@
-"""Pure-torch references for the tree bookkeeping kernels. A CPU runs these until the q4 weights
-have loaded the C++ kernels (`cpu_step.cpp`); the Triton and C++ kernels in this package must
-match them exactly (tests/test_kernels.py, tests/test_cpu_step.py)."""
+"""Pure-torch references for the tree bookkeeping and sampling kernels. A CPU runs these until
+the q4 weights have loaded the C++ kernels (`cpu_step.cpp`); the Triton and C++ bookkeeping
+kernels in this package must match them exactly, the C++ sampler up to float rounding
+(tests/test_kernels.py, tests/test_cpu_step.py)."""
 from __future__ import annotations
 
 import torch
@@ -48,3 +49,45 @@ def compact_kv(cache: torch.Tensor, src_rows: torch.Tensor, dst_start: int) -> N
     """cache [B, H, max_len, d]: rows `src_rows` [n] (>= dst_start) -> [dst_start, dst_start+n)."""
     n = src_rows.numel()
     cache[:, :, dst_start:dst_start + n] = cache[:, :, src_rows]
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+                   ) -> torch.Tensor:
+    """logits [M, V] float32 -> probabilities [M, V]: temperature, then top-k (values below the
+    k-th largest dropped), softmax, then top-p (`top_p_filter`) renormalized."""
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        probs = top_p_filter(probs, top_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
+    """Zero every token whose descending-order predecessors already hold `top_p` of the mass.
+    Sorts only the `first` most likely tokens (x16 until they hold `top_p` in every row, at worst
+    the whole vocabulary): the same result as a full sort, ~20x faster on peaked distributions.
+    On CPU only: on a GPU the full sort costs less than the host sync that checks a partial one."""
+    V = probs.shape[-1]
+    m = min(first, V) if probs.device.type == "cpu" else V
+    while True:
+        top, order = probs.topk(m, dim=-1)  # [..., m] descending
+        if m == V or bool((top.sum(-1) >= top_p).all()):
+            break
+        m = min(m * 16, V)
+    before = top.cumsum(-1) - top  # mass strictly before each token
+    return torch.zeros_like(probs).scatter_(-1, order, top.masked_fill(before >= top_p, 0.0))
+
+
+def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """probs [M, V] (unnormalized allowed), coins [M] in [0, 1) -> ids [M] by inverse CDF."""
+    cdf = probs.cumsum(-1)
+    ids = torch.searchsorted(cdf, coins[:, None] * cdf[:, -1:], right=True)
+    ids = ids.clamp_max(probs.shape[-1] - 1)
+    # a coin landing on a zero-probability tail must not pick it: step back to a live token
+    # (always computed: testing whether any row needs it would read the device on the host)
+    dead = probs.gather(-1, ids) == 0
+    return torch.where(dead, argmax_rows(probs)[:, None], ids)[:, 0]
