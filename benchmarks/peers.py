@@ -1,7 +1,8 @@
 """Our engine against the tools a visitor already has, on the same CPU, in one run.
 
     PYTHONPATH=. python benchmarks/peers.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 3] [--max-new-tokens 128] [--rounds 2] [--json out.json]
+        [--limit 3] [--max-new-tokens 128] [--rounds 2] [--temperature 0.7 --top-p 0.95] \
+        [--json out.json]
 
 Systems: our plain decoding and our EAGLE-3 (default head; each format's default tree: the one
 `python -m eagle_engine tune` measured fastest on this machine when cached) for every
@@ -10,7 +11,8 @@ target weight format this machine supports (q4; dense fp32; dense bf16 where bf1
 llama.cpp's plain decoding of the same GGUF through `llama-cpp-python` when it imports. Every
 system decodes the same prompt token ids (MT-bench questions, both turns as conversations; the
 second turn carries our q4 baseline's first answer) for exactly `--max-new-tokens` tokens,
-greedy, EOS ignored, on the same threads; the rounds alternate the system order. tokens/s =
+greedy (or sampled with `--temperature` and `--top-p`, every system without top-k or min-p),
+EOS ignored, on the same threads; the rounds alternate the system order. tokens/s =
 tokens / wall time of the whole answer, prefill included. Prints a table and writes JSON naming
 the CPU model and its vector flags.
 
@@ -52,15 +54,18 @@ def conversations(engine: EagleEngine, rows: list[dict], n: int) -> list[list[in
     return out
 
 
-def ours(engine: EagleEngine, head: str | None, n: int) -> Decode:
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+def ours(engine: EagleEngine, head: str | None, n: int, temperature: float, top_p: float
+         ) -> Decode:
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature,
+                            top_p=top_p, seed=0)
 
     def run(ids: list[int]) -> int:
         return len(engine.generate(ids, params, None, head).token_ids)
     return run
 
 
-def transformers_generate(dtype: torch.dtype, n: int) -> Decode:
+def transformers_generate(dtype: torch.dtype, n: int, temperature: float, top_p: float
+                          ) -> Decode:
     from transformers import AutoModelForCausalLM
 
     gguf = bundled_gguf_path()
@@ -69,13 +74,15 @@ def transformers_generate(dtype: torch.dtype, n: int) -> Decode:
 
     @torch.inference_mode()
     def run(ids: list[int]) -> int:
+        sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+                    if temperature > 0 else dict(do_sample=False))
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, pad_token_id=0)
+                             pad_token_id=0, **sampling)
         return out.shape[1] - len(ids)
     return run
 
 
-def llama_cpp(n: int, threads: int) -> Decode:
+def llama_cpp(n: int, threads: int, temperature: float, top_p: float) -> Decode:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(bundled_gguf_path()), n_ctx=4096, n_threads=threads,
@@ -84,7 +91,9 @@ def llama_cpp(n: int, threads: int) -> Decode:
     def run(ids: list[int]) -> int:
         llm.reset()
         count = 0
-        for _ in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, reset=True):
+        sampling = (dict(top_k=0, top_p=top_p, min_p=0.0, temp=temperature) if temperature > 0
+                    else dict(top_k=1, top_p=1.0, temp=0.0))
+        for _ in llm.generate(ids, reset=True, **sampling):
             count += 1
             if count == n:
                 break
@@ -98,8 +107,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=3, help="questions (each gives 2 turns)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    sampling = (args.temperature, args.top_p)
     threads = torch.get_num_threads()
     n = args.max_new_tokens
     rows = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()][:args.limit]
@@ -115,13 +127,14 @@ def main() -> None:
         engines[label] = engine
         autotune.use_cached(engine, DEFAULT_HEAD)  # the tree `tune` measured fastest here
         tree = engine.default_tree
-        systems[f"ours plain, {label}"] = ours(engine, None, n)
+        systems[f"ours plain, {label}"] = ours(engine, None, n, *sampling)
         systems[f"ours EAGLE-3, {label} ({autotune.tree_label(tree)})"] = ours(
-            engine, DEFAULT_HEAD, n)
+            engine, DEFAULT_HEAD, n, *sampling)
     for dtype in (torch.float32, torch.bfloat16):
-        systems[f"transformers.generate, {str(dtype)[6:]}"] = transformers_generate(dtype, n)
+        systems[f"transformers.generate, {str(dtype)[6:]}"] = transformers_generate(
+            dtype, n, *sampling)
     if importlib.util.find_spec("llama_cpp") is not None:
-        systems["llama.cpp (llama-cpp-python), plain"] = llama_cpp(n, threads)
+        systems["llama.cpp (llama-cpp-python), plain"] = llama_cpp(n, threads, *sampling)
     else:
         print('llama-cpp-python is not installed; for the llama.cpp peer run\n'
               '  CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python   # ~15 min on 2 cores')
@@ -155,7 +168,8 @@ def main() -> None:
     report = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch_threads": threads,
               "torch": torch.__version__, "commit": commit,
               "date": datetime.date.today().isoformat(), "prompts": len(prompts),
-              "max_new_tokens": n, "tokens_per_s": results}
+              "max_new_tokens": n, "temperature": args.temperature, "top_p": args.top_p,
+              "tokens_per_s": results}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -44,7 +44,7 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     """logits [M, V] float32 -> probabilities [M, V] (temperature > 0; top_k 0 and top_p 1:
     off). The plain sampler and tree acceptance both call this, so they share one distribution."""
     cpu = cpu_step(logits)
-    if cpu is not None:
+    if cpu is not None and logits.dtype == torch.float32:
         return cpu.sampling_probs(logits.contiguous(), temperature, top_k, top_p)
     return reference.sampling_probs(logits, temperature, top_k, top_p)
 
@@ -52,7 +52,7 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     """probs [M, V] float32, coins [M] float32 in [0, 1) -> ids [M] by inverse CDF."""
     cpu = cpu_step(probs)
-    if cpu is not None:
+    if cpu is not None and probs.dtype == torch.float32:
         return cpu.sample_rows(probs.contiguous(), coins.contiguous())
     return reference.sample_rows(probs, coins)
 

@@ -318,7 +318,8 @@ void probs_row(const float* x, float* out, int64_t V, float temperature, int64_t
     for (int64_t j = 0; j < V; ++j)
       if (l[j] < kth) l[j] = -INFINITY;
   }
-  // e = exp(l - max) into out (1 for the most likely token), summed in double as torch does
+  // e = exp(l - max) into out (1 for the most likely token), summed in double (torch's softmax
+  // sums in float32: ~1e-6 of the mass apart)
   __m256d acc_lo = _mm256_setzero_pd(), acc_hi = acc_lo;
   for (i = 0; i + 8 <= V; i += 8) {
     const __m256 e = vexp(_mm256_sub_ps(_mm256_loadu_ps(l.data() + i), _mm256_set1_ps(m)));
@@ -450,8 +451,9 @@ torch::Tensor sample_rows(const torch::Tensor& probs, const torch::Tensor& coins
 // the accepted node are tried in index order against the coin of their level, child k accepted
 // iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) under the node's distribution (in double); when
 // none is, the bonus token is drawn from that distribution with the children's tokens removed
-// (itself if they held all its mass). Only the rows on the accepted path get a distribution
-// (`probs_row`, as `sampling_probs` gives them), where the reference computes every row.
+// (itself if they held all its mass). Siblings hold distinct tokens, as a drafted tree's do.
+// Only the rows on the accepted path get a distribution (`probs_row`, as `sampling_probs` gives
+// them), where the reference computes every row.
 // logits [N, V] float32; tokens, parents, depth [N] int64; retrieve [N, W] int64; coins
 // [max(W - 1, 1)] and bonus_coin [1] float32 -> {accepted_nodes [W], num_accepted [1], emitted
 // [W] (-1 padded)}.
