@@ -1,16 +1,17 @@
 """Where an EAGLE-3 iteration's time goes, timed in place on real answers, one process.
 
     PYTHONPATH=. python benchmarks/iteration_steps.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 4] [--tree 2,1,3[,min_score]] [--weights q4]
+        [--limit 4] [--tree 2,1,3[,min_score]] [--weights q4] [--temperature 0.7 --top-p 0.95]
 
 Answers the first turns of `--limit` prompts with plain decoding, then with EAGLE-3 (the default
 head, `--tree`), and times every call of the engine's steps while they run: the whole iteration,
 the draft, the tree (with the context's chain), the target's forward, acceptance and commit, the
-packed read, the stop rules, the head's extend, its forward, and the kernels under them (the fused
-layers, the low-bit products). Each step is wrapped in a timer for this process only, so a figure
-includes its wrapper's ~1 us and its callees. Prints microseconds per call, calls and microseconds
-per iteration (per token for plain decoding) as a table, then as JSON. Not a test: timings depend
-on the machine and its load; compare steps within one run.
+packed read, the stop rules, the head's extend, its forward, and the kernels under them (the
+fused layers, the low-bit products); sampled (`--temperature`), also the sampling distribution,
+the draw and the sampled tree acceptance. Each step is wrapped in a timer for this process only,
+so a figure includes its wrapper's ~1 us and its callees. Prints microseconds per call, calls
+and microseconds per iteration (per token for plain decoding) as a table, then as JSON. Not a
+test: timings depend on the machine and its load; compare steps within one run.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import eagle_engine.accept as accept_mod
 import eagle_engine.engine as engine_mod
+import eagle_engine.sampling as sampling_mod
 from eagle_engine.bench import parse_sweep
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.cuda_graph import EAGER_PHASES
@@ -52,7 +54,10 @@ def install() -> None:
             (Run, "_iteration", "iteration"), (Run, "tree_input", "tree (+ the context's chain)"),
             (Run, "accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
             (Run, "iteration_event", "event"), (engine_mod, "read_back", "packed read"),
-            (accept_mod, "draft_input_after", "head top-k")]:
+            (accept_mod, "draft_input_after", "head top-k"),
+            (engine_mod, "sampled_acceptance", "sampled acceptance"),
+            (sampling_mod, "target_probs", "sampling distribution"),
+            (sampling_mod, "sample_from", "sampling draw")]:
         setattr(owner, name, timed(getattr(owner, name), lambda *a, lab=label: lab))
     for name, label in (("draft", "draft"), ("run_target", "verify forward"),
                         ("extend", "extend")):
@@ -90,16 +95,20 @@ def main() -> None:
     p.add_argument("--tree", default="2,1,3", help="topk,steps,tokens[,min_score]")
     p.add_argument("--weights", default="q4")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
     args = p.parse_args()
     engine = EagleEngine.load(EngineConfig(weights=args.weights))
     with open(args.prompts) as f:
         rows = [json.loads(line) for line in f][:args.limit]
     ids = [engine.encode(r["turns"][0]) for r in rows]
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_p=args.top_p, seed=0)
     tree, = parse_sweep(args.tree)
     engine.generate(ids[0], params, tree, DEFAULT_HEAD)  # warm-up, before the timers
     install()
-    report = {"tree": args.tree, "weights": args.weights,
+    report = {"tree": args.tree, "weights": args.weights, "temperature": args.temperature,
+              "top_p": args.top_p,
               "plain": run(engine, ids, params, None, None),
               "eagle": run(engine, ids, params, tree, DEFAULT_HEAD)}
     for mode in ("plain", "eagle"):
