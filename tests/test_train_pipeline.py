@@ -549,6 +549,25 @@ def test_samples_per_source_can_leave_a_source_out() -> None:
             table(bad)
 
 
+def test_select_prompts_caps_sources_only_in_a_mixed_file(tmp_path: Path) -> None:
+    """Several sources: none takes more than `max_share` of the prompts. One source (a corpus
+    such as `data/corpus/build.py` writes, gzipped): every prompt up to `limit`."""
+    import gzip
+
+    from eagle_engine.train.data import select_prompts
+
+    mixed = select_prompts(DATA, 6, seed=0, max_share=0.35)
+    assert max(Counter(r["source"] for r in mixed).values()) <= 2  # int(6 * 0.35)
+    rows = [{"id": f"c{i}", "source": "chat", "turns": [f"question {i}?"]} for i in range(10)]
+    path = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    chosen = select_prompts(path, 7, seed=0, max_share=0.35)
+    assert len(chosen) == 7 and len({r["id"] for r in chosen}) == 7
+    assert sorted(r["id"] for r in select_prompts(path, 50, seed=0)) == sorted(
+        r["id"] for r in rows)
+
+
 def test_teacher_forced_rows_score_the_conversations_own_text(tmp_path: Path) -> None:
     """`teacher_rows` cuts each conversation into its first prompt and the rest of its own text
     (the template's ids), skips conversations whose first turn is too long, and `train

@@ -63,15 +63,19 @@ def teacher_rows(path: Path, tokenizer: Any, limit: int, seed: int, max_prompt_t
 
 
 def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -> list[dict]:
-    """Up to `limit` single-turn prompts; no source takes more than `max_share` of them."""
+    """Up to `limit` prompts of a JSONL file (plain or gzipped) of `{"id", "source", "turns"}`;
+    where the file holds several sources, none takes more than `max_share` of them."""
     by_source: dict[str, list[dict]] = defaultdict(list)
-    for line in path.read_text().split("\n"):  # not splitlines(): prompts contain U+2028
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        text = f.read()
+    for line in text.split("\n"):  # not splitlines(): prompts contain U+2028
         if not line.strip():
             continue
         row = json.loads(line)
         by_source[row["source"]].append(row)
     rng = random.Random(seed)
-    cap = max(1, int(limit * max_share))
+    cap = max(1, int(limit * max_share)) if len(by_source) > 1 else limit
     chosen: list[dict] = []
     for source in sorted(by_source, key=lambda s: len(by_source[s])):
         rows = by_source[source]
