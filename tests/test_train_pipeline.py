@@ -249,6 +249,10 @@ def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
     generate_responses(target, ByteTokenizer(), prompts, out, samples=lambda s: 1, **args)
     first = read_rows(out)
     assert [r["temperature"] for r in first] == [0.0] * 3
+    eos = ByteTokenizer.eos_token_id  # an answer cut at max_new_tokens gets no end-of-turn token
+    assert any(len(r["response_ids"]) == 5 for r in first)
+    assert all(len(r["response_ids"]) == 5 and eos not in r["response_ids"]
+               or r["response_ids"][-1] == eos and len(r["response_ids"]) <= 5 for r in first)
     shards = extract(target, first, (1, 4, 6), tmp_path / "features", shard_size=4)
     assert len(load_samples(shards)) == 3
     generate_responses(target, ByteTokenizer(), prompts, out, samples=lambda s: 3, **args)

@@ -97,7 +97,8 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
                        samples: Callable[[str], int] = lambda source: 1,
                        max_prompt_tokens: int = 512, deadline: float | None = None) -> bool:
     """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`, for
-    `samples(source)` answers per prompt. The first answer to a prompt is sampled with
+    `samples(source)` answers per prompt; `response_ids` end with the end-of-turn token unless
+    the answer was cut at `max_new_tokens`. The first answer to a prompt is sampled with
     probability `sampled_share`, every further one always. Starts no batch after `deadline`
     (`time.time()`); returns True when every answer is written."""
     done = set()
@@ -126,9 +127,9 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
                                     top_p=0.95 if temp else 1.0)
             outs = generate_batch(model, [c[4] for c in chunk], params, eos, gen)
             for (t, _, rid, row, ids), resp in zip(chunk, outs):
+                stop = list(eos[:1]) if len(resp) < max_new_tokens else []  # not when cut off
                 f.write(json.dumps({"id": rid, "source": row["source"], "prompt_ids": ids,
-                                    "response_ids": resp + list(eos[:1]),
-                                    "temperature": t}) + "\n")
+                                    "response_ids": resp + stop, "temperature": t}) + "\n")
             f.flush()
             bar.update(len(chunk))
     return True
