@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import re
 from collections import Counter
@@ -53,8 +54,6 @@ def test_saved_answers_seed_a_new_work_dir_without_generating(
         tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001 - pytest fixtures
     """`--responses` (gzipped, as in data/answers/) fills a fresh work directory, and training
     runs without generating an answer; a missing file is named."""
-    import gzip
-
     from eagle_engine.train import data
 
     first = tmp_path / "work1"
@@ -249,7 +248,7 @@ def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
     generate_responses(target, ByteTokenizer(), prompts, out, samples=lambda s: 1, **args)
     first = read_rows(out)
     assert [r["temperature"] for r in first] == [0.0] * 3
-    eos = ByteTokenizer.eos_token_id  # an answer cut at max_new_tokens gets no end-of-turn token
+    eos = ByteTokenizer.eos_token_id  # an answer cut at max_new_tokens gets no stop token
     assert any(len(r["response_ids"]) == 5 for r in first)
     assert all(len(r["response_ids"]) == 5 and eos not in r["response_ids"]
                or r["response_ids"][-1] == eos and len(r["response_ids"]) <= 5 for r in first)
@@ -556,8 +555,6 @@ def test_samples_per_source_can_leave_a_source_out() -> None:
 def test_select_prompts_caps_sources_only_in_a_mixed_file(tmp_path: Path) -> None:
     """Several sources: none takes more than `max_share` of the prompts. One source (a corpus
     such as `data/corpus/build.py` writes, gzipped): every prompt up to `limit`."""
-    import gzip
-
     from eagle_engine.train.data import select_prompts
 
     mixed = select_prompts(DATA, 6, seed=0, max_share=0.35)

@@ -97,8 +97,8 @@ def generate_responses(model: TargetModel, tokenizer: Any, prompts: list[dict], 
                        samples: Callable[[str], int] = lambda source: 1,
                        max_prompt_tokens: int = 512, deadline: float | None = None) -> bool:
     """Append {id, source, prompt_ids, response_ids, temperature} rows to `out_path`, for
-    `samples(source)` answers per prompt; `response_ids` end with the end-of-turn token unless
-    the answer was cut at `max_new_tokens`. The first answer to a prompt is sampled with
+    `samples(source)` answers per prompt; `response_ids` end with the stop token unless the
+    answer was cut at `max_new_tokens`. The first answer to a prompt is sampled with
     probability `sampled_share`, every further one always. Starts no batch after `deadline`
     (`time.time()`); returns True when every answer is written."""
     done = set()
