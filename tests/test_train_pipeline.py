@@ -502,7 +502,7 @@ def test_holdout_writes_the_best_state_of_a_normout_head(tmp_path: Path) -> None
     assert loaded.cfg.norm_output
     for name, t in trainer.head_state(head.model).items():
         assert torch.equal(loaded.state_dict()[name], t), name
-    args = argparse.Namespace(prompts=DATA, draft_vocab=48, tokens_per_batch=64, epochs=2,
+    args = argparse.Namespace(prompts=[DATA], draft_vocab=48, tokens_per_batch=64, epochs=2,
                               max_minutes=None, ttt_length=3, lr=0.03, online=True,
                               device="cpu", holdout=3, eval_every=1)
     write_card(args, spec, head.log, {}, rows, 1.0, head.best_step)
@@ -633,3 +633,51 @@ def test_training_computes_in_bf16_only_where_it_is_native(tiny_target, monkeypa
                                     TrainParams(ttt_length=3), 1e-3)
     assert torch.isfinite(loss)
     assert not torch.equal(model.fc.weight, head.fc.weight)
+
+
+def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch,
+                                                     capsys) -> None:  # noqa: ANN001
+    """`--prompts` and `--limit` repeat in pairs, and adding a file leaves the prompts drawn from
+    the first as they were; several `--responses` files seed one work directory, so nothing is
+    generated again; limits that do not pair with the files, and a file given twice, are
+    refused with their values."""
+    from eagle_engine.train import data
+
+    corpus = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(corpus, "wt") as f:
+        f.write("".join(json.dumps({"id": f"c{i}", "source": "chat",
+                                    "turns": [f"Say the number {i}."]}) + "\n"
+                        for i in range(10)))
+    args = ["train", "--quick", "--prompts", str(DATA), "--prompts", str(corpus),
+            "--out", str(tmp_path / "head")]
+    first = tmp_path / "work1"
+    assert main(args + ["--limit", "6", "--limit", "3", "--work-dir", str(first)]) == 0
+    rows = [json.loads(x) for x in (first / "responses.jsonl").read_text().splitlines()]
+    alone = {r["id"] for r in data.select_prompts(DATA, 6, seed=0)}
+    assert {r["id"].split("#")[0] for r in rows if r["source"] != "chat"} == alone
+    assert len({r["id"] for r in rows if r["source"] == "chat"}) == 6  # 3 prompts, 2 answers
+    card = (tmp_path / "head" / "README.md").read_text()
+    assert f"`{DATA.name}` and `{corpus.name}`" in card
+
+    saved_a, saved_b = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl"
+    saved_a.write_bytes(gzip.compress("".join(
+        json.dumps(r) + "\n" for r in rows if r["source"] != "chat").encode()))
+    saved_b.write_text("\n".join(json.dumps(r) for r in rows if r["source"] == "chat"))
+
+    def no_generation(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError("generated although every answer was saved")
+
+    monkeypatch.setattr(data, "generate_batch", no_generation)
+    second = tmp_path / "work2"
+    assert main(args + ["--limit", "6", "--limit", "3", "--work-dir", str(second),
+                        "--responses", str(saved_a), "--responses", str(saved_b)]) == 0
+    copied = (second / "responses.jsonl").read_text().splitlines()
+    assert sorted(copied) == sorted((first / "responses.jsonl").read_text().splitlines())
+
+    capsys.readouterr()
+    assert main(args + ["--limit", "6", "--limit", "3", "--limit", "1",
+                        "--work-dir", str(tmp_path / "w3")]) == 2
+    assert "2 --prompts files but 3 --limit values [6, 3, 1]" in capsys.readouterr().err
+    assert main(["train", "--quick", "--prompts", str(corpus), "--prompts", str(corpus),
+                 "--out", str(tmp_path / "h4"), "--work-dir", str(tmp_path / "w4")]) == 2
+    assert "drawn twice" in capsys.readouterr().err

@@ -1,9 +1,9 @@
-"""Stage 1: self-distillation data. Samples prompts from a prompt file (mixed by source so that
-GSM8K does not dominate) and has the target answer them with its own chat template, in batches of
-similar length, mostly greedy with a share of sampled answers; more than one answer per prompt
-(per source: open-ended prompts gain most) adds sampled answers (ids `{id}#{j}`), new contexts
-without new prompts. Appends to a JSONL file and skips answers already written, so an
-interrupted run resumes (and more answers per prompt only generates the new ones); a saved set
+"""Stage 1: self-distillation data. Samples prompts from prompt files (each mixed by source so
+that GSM8K does not dominate) and has the target answer them with its own chat template, in
+batches of similar length, mostly greedy with a share of sampled answers; more than one answer
+per prompt (per source: open-ended prompts gain most) adds sampled answers (ids `{id}#{j}`), new
+contexts without new prompts. Appends to a JSONL file and skips answers already written, so an
+interrupted run resumes (and more answers per prompt only generates the new ones); saved sets
 (`data/answers/`) can seed it. `teacher_rows` is the other source: conversations whose answers
 someone else wrote (`data/corpus/`), cut into the same rows for teacher-forced training on their
 own text, with no generation. Not here: features or training."""
@@ -12,9 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import shutil
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,19 @@ from tqdm import tqdm
 
 from ..baseline import generate_batch
 from ..chat import encode_chat
-from ..config import SamplingParams
+from ..config import ConfigError, SamplingParams
 from ..models.target import TargetModel
 
 
-def copy_responses(src: Path, dst: Path) -> None:
-    """Start a work directory's answers from a saved set (plain or gzipped JSONL)."""
-    opener = gzip.open if src.suffix == ".gz" else open
-    with opener(src, "rt") as f, dst.open("w") as out:
-        shutil.copyfileobj(f, out)
+def copy_responses(sources: list[Path], dst: Path) -> None:
+    """Start a work directory's answers from saved sets (plain or gzipped JSONL), one after
+    the other."""
+    with dst.open("w") as out:
+        for src in sources:
+            opener = gzip.open if src.suffix == ".gz" else open
+            with opener(src, "rt") as f:
+                text = f.read()
+            out.write(text if not text or text.endswith("\n") else text + "\n")
 
 
 def teacher_rows(path: Path, tokenizer: Any, limit: int, seed: int, max_prompt_tokens: int = 512,
@@ -83,6 +86,18 @@ def select_prompts(path: Path, limit: int, seed: int, max_share: float = 0.35) -
         room = limit - len(chosen)
         chosen += rows[:min(cap, room, len(rows))]
     rng.shuffle(chosen)
+    return chosen
+
+
+def select_prompt_files(files: list[tuple[Path, int]], seed: int) -> list[dict]:
+    """`select_prompts` of each (file, limit), in order: adding a file leaves the prompts drawn
+    from the others as they were. Refuses an id drawn twice (the same file given twice)."""
+    chosen = [row for path, limit in files for row in select_prompts(path, limit, seed)]
+    counts = Counter(row["id"] for row in chosen)
+    repeated = [i for i, n in counts.items() if n > 1]
+    if repeated:
+        raise ConfigError(f"{len(repeated)} prompt ids drawn twice from the --prompts files "
+                          f"{[str(p) for p, _ in files]}, e.g. {repeated[0]!r}")
     return chosen
 
 

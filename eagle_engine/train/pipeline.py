@@ -29,7 +29,8 @@ from ..config import ConfigError, DraftConfig
 from ..models.draft_io import normalize_names, save_draft, weight_files
 from ..models.draft_model import Eagle3Draft
 from ..models.loader import load_target, load_tokenizer, read_tensors, resolve_target
-from .data import answer_ids, copy_responses, generate_responses, select_prompts, teacher_rows
+from .data import (answer_ids, copy_responses, generate_responses, select_prompt_files,
+                   teacher_rows)
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
 from .trainer import Batch, Recipe, TrainParams, collate, new_head, train, train_dtype
@@ -42,7 +43,9 @@ MAX_TOKENS = 1024  # conversation tokens a training sample keeps
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train EAGLE-3 heads for a target (end to end)")
-    p.add_argument("--prompts", type=Path, required=True, help="prompt JSONL (id, source, turns)")
+    p.add_argument("--prompts", type=Path, action="append", required=True,
+                   help="prompt JSONL (id, source, turns), plain or .gz; repeat for several "
+                        "files (each drawn from with its own --limit)")
     p.add_argument("--out", type=Path, required=True,
                    help="head directory to write (with --heads: the parent of the heads)")
     p.add_argument("--heads", default=None,
@@ -61,7 +64,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--online", action="store_true",
                    help="compute target features per training batch instead of caching them "
                         "(the fast path on a GPU)")
-    p.add_argument("--limit", type=int, default=2200, help="number of prompts")
+    p.add_argument("--limit", type=int, action="append", default=None,
+                   help="prompts drawn from each --prompts file: one value for every file, or "
+                        "one per file in their order (default 2200)")
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--batch-size", type=int, default=48, help="generation batch size")
     p.add_argument("--sampled-share", type=float, default=0.15)
@@ -90,10 +95,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="end this invocation cleanly after so many minutes (checkpoint and "
                         "heads written); the same command again resumes the schedule")
-    p.add_argument("--responses", type=Path, default=None,
-                   help="answers to start from (JSONL, or .jsonl.gz as in data/answers/): "
-                        "copied into --work-dir when it holds none, so that generation only "
-                        "adds the answers they lack")
+    p.add_argument("--responses", type=Path, action="append", default=None,
+                   help="answers to start from (JSONL, or .jsonl.gz as in data/answers/; "
+                        "repeatable): copied into --work-dir when it holds none, so that "
+                        "generation only adds the answers they lack")
     p.add_argument("--no-generate", action="store_true",
                    help="train on the responses already in --work-dir (skip generation)")
     p.add_argument("--teacher-forced", type=Path, default=None,
@@ -183,8 +188,23 @@ def samples_by_source(args: argparse.Namespace) -> Callable[[str], int]:
     return lambda source: table.get(source, args.samples_per_prompt)
 
 
+def prompt_files(args: argparse.Namespace) -> list[tuple[Path, int]]:
+    """`--prompts` files paired with their `--limit`: one limit for every file, or one each."""
+    limits = args.limit or [2200]
+    if len(limits) == 1:
+        limits = limits * len(args.prompts)
+    if len(limits) != len(args.prompts):
+        raise ConfigError(f"{len(args.prompts)} --prompts files but {len(limits)} --limit "
+                          f"values {limits}: give one for every file or one per file")
+    if any(n < 1 for n in limits):
+        raise ConfigError(f"--limit {limits}: each must be >= 1")
+    return list(zip(args.prompts, limits))
+
+
 def quick_overrides(args: argparse.Namespace) -> None:
-    args.limit, args.max_new_tokens, args.batch_size = 6, 12, 6
+    """The tiny CI configuration: at most 6 prompts a file, short answers, a small head."""
+    args.limit = [min(n, 6) for n in args.limit or [6]]
+    args.max_new_tokens, args.batch_size = 12, 6
     args.draft_vocab, args.epochs, args.ttt_length, args.tokens_per_batch = 512, 1.0, 3, 1024
 
 
@@ -257,6 +277,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
                  "preloading jemalloc about halves it (README, 'Training')")
     deadline = time.time() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
     specs = head_specs(args)
+    files = prompt_files(args)
     if args.holdout < 0 or args.eval_every < 0:
         raise ConfigError(f"--holdout {args.holdout} / --eval-every {args.eval_every}: "
                           "must be >= 0")
@@ -272,12 +293,13 @@ def run_pipeline(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(directory)
     responses = work / "responses.jsonl"
     if args.responses is not None and not responses.exists():
-        if not args.responses.is_file():
-            raise ConfigError(f"--responses {args.responses}: no such file")
+        missing = [str(f) for f in args.responses if not f.is_file()]
+        if missing:
+            raise ConfigError(f"--responses {', '.join(missing)}: no such file")
         copy_responses(args.responses, responses)
     if args.teacher_forced is not None and not args.teacher_forced.is_file():
         raise ConfigError(f"--teacher-forced {args.teacher_forced}: no such file")
-    prompts = select_prompts(args.prompts, args.limit, args.seed)
+    prompts = select_prompt_files(files, args.seed)
     skip = args.no_generate and (responses.exists() or args.teacher_forced is not None)
     if not skip and not generate_responses(
             target, tokenizer, prompts, responses, args.max_new_tokens, args.batch_size,
@@ -399,7 +421,8 @@ Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench
 
 def data_line(args: argparse.Namespace, rows: list[dict]) -> str:
     taught = sum("temperature" in r and r["temperature"] is None for r in rows)
-    parts = [f"{len(rows) - taught} self-distilled responses to prompts of `{args.prompts.name}`"
+    names = " and ".join(f"`{p.name}`" for p in args.prompts)
+    parts = [f"{len(rows) - taught} self-distilled responses to prompts of {names}"
              ] if len(rows) > taught else []
     if taught:
         parts.append(f"{taught} teacher-forced conversations of `{args.teacher_forced.name}`")
