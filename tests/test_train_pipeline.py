@@ -409,6 +409,8 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["heads"]
     assert [saved[h.name].get("best_step") for h in cut] == \
         [2 if recipes else None] * 2
+    # the target's frozen embedding is not the head's to save
+    assert not any(k.startswith("embed_tokens") for h in cut for k in saved[h.name]["model"])
     monkeypatch.undo()
     assert_resumes_to(whole, "cut")
     assert whole[0].log[-1]["loss"] != whole[1].log[-1]["loss"]  # two different heads

@@ -404,7 +404,7 @@ def train(heads: list[Head], lengths: list[int], make_batch: Callable[[list[int]
     def head_checkpoint(h: Head) -> dict:
         best = {} if h.best_state is None else {
             "best_step": h.best_step, "best_score": h.best_score, "best_state": h.best_state}
-        return {"model": h.model.state_dict(), "opt": h.opt.state_dict(), **best}
+        return {"model": head_state(h.model), "opt": h.opt.state_dict(), **best}
 
     def save() -> None:
         torch.save({"step": step, "total_steps": total_steps, "budget_set": budget_set,
