@@ -641,8 +641,8 @@ def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch
                                                      capsys) -> None:  # noqa: ANN001
     """`--prompts` and `--limit` repeat in pairs, and adding a file leaves the prompts drawn from
     the first as they were; several `--responses` files seed one work directory, so nothing is
-    generated again; limits that do not pair with the files, and a file given twice, are
-    refused with their values."""
+    generated again, and without `--prompts` every saved answer trains; limits that do not pair
+    with the files, a file given twice, and generating without prompts are refused."""
     from eagle_engine.train import data
 
     corpus = tmp_path / "corpus.jsonl.gz"
@@ -675,6 +675,12 @@ def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch
                         "--responses", str(saved_a), "--responses", str(saved_b)]) == 0
     copied = (second / "responses.jsonl").read_text().splitlines()
     assert sorted(copied) == sorted((first / "responses.jsonl").read_text().splitlines())
+    # no --prompts: every saved answer trains (a machine that has the answers, not the prompts)
+    saved = ["--responses", str(saved_a), "--responses", str(saved_b)]
+    assert main(["train", "--quick", "--no-generate", *saved, "--out", str(tmp_path / "h5"),
+                 "--work-dir", str(tmp_path / "w5")]) == 0
+    assert (f"{len(rows)} self-distilled responses saved in `{saved_a.name}` and "
+            f"`{saved_b.name}`") in (tmp_path / "h5" / "README.md").read_text()
 
     capsys.readouterr()
     assert main(args + ["--limit", "6", "--limit", "3", "--limit", "1",
@@ -683,3 +689,6 @@ def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch
     assert main(["train", "--quick", "--prompts", str(corpus), "--prompts", str(corpus),
                  "--out", str(tmp_path / "h4"), "--work-dir", str(tmp_path / "w4")]) == 2
     assert "drawn twice" in capsys.readouterr().err
+    assert main(["train", "--quick", *saved, "--out", str(tmp_path / "h6"),
+                 "--work-dir", str(tmp_path / "w6")]) == 2  # generating needs prompts
+    assert "train needs --prompts FILE" in capsys.readouterr().err

@@ -43,9 +43,10 @@ MAX_TOKENS = 1024  # conversation tokens a training sample keeps
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train EAGLE-3 heads for a target (end to end)")
-    p.add_argument("--prompts", type=Path, action="append", required=True,
+    p.add_argument("--prompts", type=Path, action="append", default=None,
                    help="prompt JSONL (id, source, turns), plain or .gz; repeat for several "
-                        "files (each drawn from with its own --limit)")
+                        "files (each drawn from with its own --limit). Without it, --no-generate "
+                        "trains on every answer of --responses")
     p.add_argument("--out", type=Path, required=True,
                    help="head directory to write (with --heads: the parent of the heads)")
     p.add_argument("--heads", default=None,
@@ -189,7 +190,14 @@ def samples_by_source(args: argparse.Namespace) -> Callable[[str], int]:
 
 
 def prompt_files(args: argparse.Namespace) -> list[tuple[Path, int]]:
-    """`--prompts` files paired with their `--limit`: one limit for every file, or one each."""
+    """`--prompts` files paired with their `--limit`: one limit for every file, or one each.
+    None (no `--prompts`) is allowed only for training on saved answers alone."""
+    if args.prompts is None:
+        if not (args.no_generate and (args.responses or args.teacher_forced)):
+            raise ConfigError("train needs --prompts FILE (the prompts to answer), or "
+                              "--no-generate with --responses / --teacher-forced (train on "
+                              "every saved answer)")
+        return []
     limits = args.limit or [2200]
     if len(limits) == 1:
         limits = limits * len(args.prompts)
@@ -306,8 +314,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
             args.sampled_share, args.seed, samples, deadline=deadline):
         log.info("stopped at the time limit while generating: the same command resumes")
         return
-    wanted = set(answer_ids(prompts, samples))
-    rows = [r for r in read_rows(responses) if r["id"] in wanted] if responses.exists() else []
+    rows = read_rows(responses) if responses.exists() else []
+    if files:  # the answers to the prompts drawn; without --prompts every saved answer
+        wanted = set(answer_ids(prompts, samples))
+        rows = [r for r in rows if r["id"] in wanted]
     if args.teacher_forced is not None:
         rows += teacher_rows(args.teacher_forced, tokenizer, args.teacher_limit, args.seed,
                              max_tokens=MAX_TOKENS)
@@ -421,9 +431,12 @@ Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench
 
 def data_line(args: argparse.Namespace, rows: list[dict]) -> str:
     taught = sum("temperature" in r and r["temperature"] is None for r in rows)
-    names = " and ".join(f"`{p.name}`" for p in args.prompts)
-    parts = [f"{len(rows) - taught} self-distilled responses to prompts of {names}"
-             ] if len(rows) > taught else []
+    def names(paths: list[Path]) -> str:
+        return " and ".join(f"`{p.name}`" for p in paths)
+
+    where = (f"to prompts of {names(args.prompts)}" if args.prompts
+             else f"saved in {names(args.responses)}")
+    parts = [f"{len(rows) - taught} self-distilled responses {where}"] if len(rows) > taught else []
     if taught:
         parts.append(f"{taught} teacher-forced conversations of `{args.teacher_forced.name}`")
     return ", ".join(parts)
