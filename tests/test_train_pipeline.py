@@ -692,3 +692,6 @@ def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch
     assert main(["train", "--quick", *saved, "--out", str(tmp_path / "h6"),
                  "--work-dir", str(tmp_path / "w6")]) == 2  # generating needs prompts
     assert "train needs --prompts FILE" in capsys.readouterr().err
+    from eagle_engine.train.pipeline import data_line  # a resumed run's answers, no file named
+    assert data_line(argparse.Namespace(prompts=None, responses=None, teacher_forced=None),
+                     rows) == f"{len(rows)} self-distilled responses of the work directory"

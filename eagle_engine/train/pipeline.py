@@ -429,13 +429,18 @@ Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench
     (spec.out / "README.md").write_text(card)
 
 
+def file_names(paths: list[Path]) -> str:
+    return " and ".join(f"`{p.name}`" for p in paths)
+
+
 def data_line(args: argparse.Namespace, rows: list[dict]) -> str:
     taught = sum("temperature" in r and r["temperature"] is None for r in rows)
-    def names(paths: list[Path]) -> str:
-        return " and ".join(f"`{p.name}`" for p in paths)
-
-    where = (f"to prompts of {names(args.prompts)}" if args.prompts
-             else f"saved in {names(args.responses)}")
+    if args.prompts:
+        where = f"to prompts of {file_names(args.prompts)}"
+    elif args.responses:
+        where = f"saved in {file_names(args.responses)}"
+    else:  # no --prompts, no --responses: the answers a work directory already held
+        where = "of the work directory"
     parts = [f"{len(rows) - taught} self-distilled responses {where}"] if len(rows) > taught else []
     if taught:
         parts.append(f"{taught} teacher-forced conversations of `{args.teacher_forced.name}`")
