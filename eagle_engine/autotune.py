@@ -41,7 +41,7 @@ PROMPTS = ("Write a short Python function that reverses a string, and explain it
 NEW_TOKENS = 48
 ROUNDS = 2
 CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static default first
-    "q4": ((2, 1, 3, 0.05), (1, 1, 2, 0.0), (1, 2, 3, 0.05), (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
+    "q4": ((3, 1, 4, 0.05), (2, 1, 3, 0.05), (1, 1, 2, 0.0), (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
     "dense": ((4, 3, 8, 0.0), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
 }
 

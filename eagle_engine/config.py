@@ -440,13 +440,14 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: k2 s1 n3 was the fastest tree on MT-bench, or within the spread of runs of
-# the fastest, on the three CPU classes swept (docs/results.md, sections 14, 15 and 19). A q4
-# tree row costs a fifth to a third of a one-token step on a 2-core CPU, and the cut leaves out
-# the second draft when it is nearly hopeless: the same tau, 1.3% faster on the full MT-bench
-# and 4% on questions 1-16 (section 20). The app and `python -m eagle_engine tune` measure the
-# fastest on each machine (`autotune.py`)
-Q4_TREE = TreeParams(2, 1, 3, min_score=0.05)
+# q4 target weights: one head level, its top 3, with a cut of 0.05. A q4 tree row costs a fifth
+# to a third of a one-token step on a 2-core CPU, so a second head step does not pay; the cut
+# leaves out drafts that are nearly hopeless (section 20 of docs/results.md), and the fourth
+# node, which costs no head step, lets the context's chain reach depth 3. With the default head
+# of 28720a6 on the full MT-bench: tau 2.245, 1.093x plain decoding, against 2.010 and 1.057x for
+# k2 s1 n3 (section 27). The app and `python -m eagle_engine tune` measure the fastest on each
+# machine (`autotune.py`)
+Q4_TREE = TreeParams(3, 1, 4, min_score=0.05)
 
 
 @dataclass(frozen=True)
