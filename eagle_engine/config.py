@@ -445,8 +445,9 @@ class TreeParams:
 # leaves out drafts that are nearly hopeless (section 20 of docs/results.md), and the fourth
 # node, which costs no head step, lets the context's chain reach depth 3. With the default head
 # of 28720a6 on the full MT-bench: tau 2.245, 1.093x plain decoding, against 2.010 and 1.057x for
-# k2 s1 n3 (section 27). The app and `python -m eagle_engine tune` measure the fastest on each
-# machine (`autotune.py`)
+# k2 s1 n3 (section 27, an AMX Xeon; k2 s1 n3 was the fastest on the other classes with the
+# older heads, sections 14, 15 and 19). The app and `python -m eagle_engine tune` measure the
+# fastest on each machine (`autotune.py`), k2 s1 n3 among the candidates
 Q4_TREE = TreeParams(3, 1, 4, min_score=0.05)
 
 
