@@ -99,14 +99,17 @@ def test_sampling_probs_equal_the_reference(cpu, V: int) -> None:
         if top_p == 1:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{config}")
             continue
-        # torch's softmax sums in float32 (~1e-6 of the mass), the kernel in double: tokens
-        # whose predecessors hold top_p within that may be kept by one and not the other
+        # torch's softmax sums in float32, the kernel in double: the reference's probabilities
+        # are off by a common factor 1 - delta (delta up to ~2e-5 of the mass on an AVX2 CPU,
+        # whose 8 lanes add longer runs than AVX-512's 16), so tokens whose predecessors hold
+        # top_p within top_p * delta (plus rounding) may be kept by one and not the other
         full = reference.sampling_probs(rows, temperature, top_k, 1.0)
         for g_row, w_row, p_row in zip(got, want, full):
             kept_g, kept_w = g_row > 0, w_row > 0
             v, order = p_row.double().sort(descending=True)
             before = torch.empty_like(v).scatter_(0, order, v.cumsum(0) - v)  # mass before each
-            assert bool(((before[kept_g ^ kept_w] - top_p).abs() < 5e-6).all()), config
+            tol = 5e-6 + top_p * abs(float(v.sum()) - 1)
+            assert bool(((before[kept_g ^ kept_w] - top_p).abs() < tol).all()), config
             both = kept_g & kept_w
             torch.testing.assert_close(g_row[both] / g_row[both].sum(),
                                        w_row[both] / w_row[both].sum(), rtol=1e-5, atol=1e-7,
