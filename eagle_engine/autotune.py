@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .config import (CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams, cache_root, cpu_flags,
-                     cpu_model)
+from .config import (CONTEXT_DRAFTS, Q4_TREE_AVX2, Q4_TREE_VNNI, SamplingParams, TreeParams,
+                     cache_root, cpu_flags, cpu_model)
 from .engine import head_source
 from .kernels.cpu_lowbit import source_digest
 
@@ -47,9 +47,9 @@ def _shape(tree: TreeParams) -> tuple[int, int, int, float]:
     return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score
 
 
-CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static default first
-    "q4": (_shape(Q4_TREE), (2, 1, 3, 0.05), (1, 1, 2, 0.0), (1, 2, 3, 0.05), (2, 2, 4, 0.1),
-           (3, 2, 6, 0.1)),
+CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static defaults first
+    "q4": (_shape(Q4_TREE_VNNI), _shape(Q4_TREE_AVX2), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
+           (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
     "dense": (_shape(TreeParams()), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
 }
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from eagle_engine.config import Q4_TREE, EngineConfig, TreeParams
+from eagle_engine.config import EngineConfig, TreeParams
 from eagle_engine.events import StepEvent
 from eagle_engine.ui_render import first_difference
 
@@ -336,7 +336,7 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
     demo = app.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
                if b.elem_id in ("topk", "num-steps", "draft-tokens", "min-score")}
-    tree = Q4_TREE if q4 else TreeParams()
+    tree = engine.config.default_tree  # q4: this CPU's static q4 tree
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens, "min-score": tree.min_score}
     assert (tree.min_score > 0) == q4
@@ -381,8 +381,9 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
     engines[1].config = EngineConfig(target="fake", weights="q4")
     pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
     assert list(pg.engines) == ["bf16", "q4"]
+    q4 = engines[1].config.default_tree
     assert [u["value"] for u in pg.weights_changed("q4")] == [
-        Q4_TREE.topk, Q4_TREE.num_steps, Q4_TREE.num_draft_tokens, Q4_TREE.min_score]
+        q4.topk, q4.num_steps, q4.num_draft_tokens, q4.min_score]
     assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8, 0.0]
     records = {}
     for weights in ("bf16", "q4"):
