@@ -512,6 +512,6 @@ class EngineConfig:
     def default_tree(self) -> TreeParams:
         """The static default tree for these weights, from the measured sweeps (docs/results.md,
         "Tree sweep"): with q4 weights a tree row costs more compute than a dense one, and more
-        on a CPU without VNNI products (`q4_tree`). An
-        engine's `default_tree` replaces it with the tree `autotune` measured on this machine."""
+        on a CPU without VNNI products (`q4_tree`). An engine's `default_tree` replaces it with
+        the tree `autotune` measured on this machine."""
         return q4_tree(cpu_flags()) if self.weights == "q4" else TreeParams()
