@@ -43,14 +43,15 @@ NEW_TOKENS = 48
 ROUNDS = 2
 
 
-def _shape(tree: TreeParams) -> tuple[int, int, int, float]:
+def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
+    """(topk, steps, tokens, min_score): a tree as `CANDIDATES` and the cache hold it."""
     return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score
 
 
 CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static defaults first
-    "q4": (_shape(Q4_TREE_VNNI), _shape(Q4_TREE_AVX2), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
+    "q4": (astuple(Q4_TREE_VNNI), astuple(Q4_TREE_AVX2), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
            (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
-    "dense": (_shape(TreeParams()), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
+    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
 }
 
 
@@ -210,10 +211,6 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     path.write_text(json.dumps(asdict(tuned), indent=1))
     log.info("measured in %.1f s; cached in %s", tuned.seconds, path)
     return tuned
-
-
-def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
-    return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score
 
 
 def use_cached(engine, head: str | None) -> None:  # noqa: ANN001 - EagleEngine

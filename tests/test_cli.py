@@ -297,7 +297,7 @@ def test_q4_default_tree_follows_the_cpus_integer_products(
         monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: flags)
         assert config.EngineConfig(weights="q4").default_tree == want
         assert config.EngineConfig(weights="dense").default_tree == TreeParams()
-        assert autotune._shape(want) in autotune.CANDIDATES["q4"]
+        assert autotune.astuple(want) in autotune.CANDIDATES["q4"]
 
 
 def test_sweep_trees_take_an_optional_min_score() -> None:
