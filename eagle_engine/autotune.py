@@ -1,27 +1,35 @@
 """What `auto` means on this machine: a short measurement, taken once and cached, of which
 target weights and which draft tree decode fastest here.
 
-`tune(engines, head)` decodes a few built-in prompts greedily (EOS ignored, the same number of
-tokens each), rounds alternating, in two stages:
+`tune(engines, head)` decodes built-in prompts greedily (EOS ignored, the same number of tokens
+each) and times the decoding (each request's time less its prefill, which every system shares),
+in two stages:
 1. every loaded engine (one per target weight format) alone and with its static default tree
-   (`EngineConfig.default_tree`): the weight format whose better figure is the higher is the
-   fastest;
-2. on that engine, each candidate tree of its format (`CANDIDATES`); a tree whose output
-   differs from plain decoding is not correct and never chosen.
+   (`EngineConfig.default_tree`), on one first turn: the weight format whose better figure is
+   the higher is the fastest;
+2. on that engine, each candidate tree of its format (`CANDIDATES`) on three conversations,
+   both turns (the second on the engine's own plain first answer, as in MT-bench, where drafts
+   from the context carry much of the gain), rounds alternating. A tree whose output differs
+   from plain decoding is not correct and never chosen. The static default stays unless
+   another tree is faster by more than the measurement's noise (`choose`): the default comes
+   from the full MT-bench on this CPU class, and a minute of 48-token requests on a shared
+   2-core machine cannot rank trees that lie within a few percent of each other.
 Speed follows the CPU class (an AVX2 EPYC and an AVX-512 Xeon price a tree row differently),
 so the result is cached as JSON under the user cache, keyed by the torch version, the CPU model
 and flags, the kernel source, the target, the head (its files' bytes, so retrained weights under
 the same name are measured anew) and the candidates; later starts read it.
-`apply` gives each engine its measured tree (`EagleEngine.default_tree`) and orders the
-engines fastest first. The app tunes at its first start; `python -m eagle_engine tune` does it
-from the command line, and `generate` and `bench` read the cached result. Not here: the static
-defaults used when nothing was measured (`config.py`).
+`apply` gives each engine its chosen tree (`EagleEngine.default_tree`) and orders the engines
+fastest first. The app tunes at its first start; `python -m eagle_engine tune` does it from the
+command line, and `generate` and `bench` read the cached result. Not here: the static defaults
+used when nothing was measured (`config.py`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,12 +43,19 @@ from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # 2: trees carry their min_score
-PROMPTS = ("Write a short Python function that reverses a string, and explain it.",
-           "Give me three tips for sleeping better.",
-           "Explain what a hash table is to a new programmer.")
-NEW_TOKENS = 48
+VERSION = 3  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`
+CONVERSATIONS = (  # (first turn, second turn)
+    ("Write a short Python function that reverses a string, and explain it.",
+     "Now add a docstring and one test for it."),
+    ("Give me three tips for sleeping better.",
+     "Rewrite your answer as one short paragraph."),
+    ("Explain what a hash table is to a new programmer.",
+     "Summarize your explanation in two sentences."))
+FIRST_ANSWER = 128  # tokens of the plain first answer that a second turn follows
+NEW_TOKENS = 48  # tokens decoded per timed request
 ROUNDS = 2
+NOISE_Z = 2.0  # a tree replaces the static default when its mean gain exceeds this many
+# standard errors of the paired samples (one-sided, ~2.5% chance on a tie with 12 samples)
 
 
 def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
@@ -65,23 +80,26 @@ def tree_label(tree: TreeParams) -> str:
 
 @dataclass
 class Measured:
-    """One engine's figures: tokens/s of plain decoding and of each tree tried (label ->)."""
+    """One engine's figures: decoding tokens/s of plain decoding and of each correct tree tried
+    (label ->), and the tree chosen among them (`choose`; None when none was correct)."""
 
     weights: str
     plain_tok_s: float
     tree_tok_s: dict[str, float] = field(default_factory=dict)
     trees: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
     incorrect: list[str] = field(default_factory=list)
+    chosen: str | None = None
 
     def best_tree(self) -> TreeParams | None:
-        """The fastest correct tree measured, or None when none was."""
-        if not self.tree_tok_s:
+        """The chosen tree, or None when no tree was correct."""
+        if self.chosen is None:
             return None
-        k, s, n, cut = self.trees[max(self.tree_tok_s, key=self.tree_tok_s.__getitem__)]
+        k, s, n, cut = self.trees[self.chosen]
         return TreeParams(k, s, n, min_score=cut)
 
     def best_tok_s(self) -> float:
-        return max([self.plain_tok_s, *self.tree_tok_s.values()])
+        """The speed of this weight format: plain decoding's or the chosen tree's."""
+        return max(self.plain_tok_s, self.tree_tok_s.get(self.chosen, 0.0))
 
 
 @dataclass
@@ -98,9 +116,8 @@ class Tuned:
         """One line for the status bar: why this weight format and tree."""
         m = self.measured[weights]
         what = "plain "
-        if m.tree_tok_s:
-            label = max(m.tree_tok_s, key=m.tree_tok_s.__getitem__)  # best_tree's, as measured
-            what = f"tree {label} {m.tree_tok_s[label]:.0f} tok/s vs plain "
+        if m.chosen is not None:
+            what = f"tree {m.chosen} {m.tree_tok_s[m.chosen]:.0f} tok/s vs plain "
         others = ", ".join(f"{w} {self.measured[w].best_tok_s():.0f}" for w in self.order
                            if w != weights)
         return (f"{what}{m.plain_tok_s:.0f} tok/s"
@@ -130,8 +147,8 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
                       cpu_flags(), source_digest(),
                       config.target, config.device, head_digest(head), torch.get_num_threads(),
-                      CANDIDATES,
-                      PROMPTS, NEW_TOKENS, CONTEXT_DRAFTS])
+                      CANDIDATES, CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z,
+                      CONTEXT_DRAFTS])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -149,15 +166,29 @@ def cached(engines: list, head: str | None) -> Tuned | None:
     return Tuned(raw["head"], measured, raw["order"], raw["seconds"], raw["cpu"])
 
 
+def conversation_prompts(engine) -> list[list[int]]:  # noqa: ANN001 - EagleEngine
+    """Both turns of each of `CONVERSATIONS`, as token ids: the first turn, then the second on
+    top of the engine's plain greedy first answer (`FIRST_ANSWER` tokens at most)."""
+    prompts = []
+    for first, second in CONVERSATIONS:
+        messages = [{"role": "user", "content": first}]
+        prompts.append(engine.encode(messages))
+        answer = engine.generate(prompts[-1], SamplingParams(max_new_tokens=FIRST_ANSWER)).text
+        prompts.append(engine.encode([*messages, {"role": "assistant", "content": answer},
+                                      {"role": "user", "content": second}]))
+    return prompts
+
+
 def _speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
-            texts: tuple[str, ...], rounds: int) -> tuple[float, dict[str, float], list[str]]:
-    """Plain and per-tree tokens/s over `texts` x `rounds`, the systems alternating; the
-    trees whose greedy output differs from plain decoding."""
+            prompts: list[list[int]], rounds: int
+            ) -> tuple[list[float], dict[str, list[float]], list[str]]:
+    """Decoding tokens/s of plain decoding and of each tree, one sample per prompt and round
+    (the systems back to back, their order alternating between rounds, so that the samples of
+    one prompt and round are paired); the trees whose greedy output differs from plain
+    decoding."""
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    prompts = [engine.encode(p) for p in texts]
     systems: list[TreeParams | None] = [None, *trees]
-    tokens = {i: 0 for i in range(len(systems))}
-    seconds = {i: 0.0 for i in range(len(systems))}
+    rates: list[list[float]] = [[] for _ in systems]
     plain_out: dict[int, list[int]] = {}
     wrong: set[int] = set()
     engine.generate(prompts[0], params, trees[0] if trees else None, head)  # warm-up
@@ -165,17 +196,50 @@ def _speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 -
         order = list(range(len(systems)))[::1 if r % 2 == 0 else -1]
         for p, ids in enumerate(prompts):
             for i in order:
-                t0 = time.perf_counter()
                 out = engine.generate(ids, params, systems[i], head if systems[i] else None)
-                seconds[i] += time.perf_counter() - t0
-                tokens[i] += len(out.token_ids)
+                # the tokens after the first (which the prefill gives) over the time after it
+                rates[i].append((len(out.token_ids) - 1)
+                                / (out.stats.elapsed_s - out.stats.prefill_s))
                 if systems[i] is None:
                     plain_out[p] = out.token_ids
                 elif p in plain_out and out.token_ids != plain_out[p]:
                     wrong.add(i)
-    rate = {i: tokens[i] / seconds[i] for i in tokens}
-    return (rate[0], {tree_label(t): rate[i + 1] for i, t in enumerate(trees)},
+    return (rates[0], {tree_label(t): rates[i + 1] for i, t in enumerate(trees)},
             [tree_label(trees[i - 1]) for i in sorted(wrong)])
+
+
+def mean_rate(samples: list[float]) -> float:
+    """Tokens/s over all samples (each decodes the same number of tokens: their harmonic
+    mean)."""
+    return len(samples) / sum(1 / r for r in samples)
+
+
+def choose(default: str, samples: dict[str, list[float]]) -> str:
+    """The tree to use among the correct trees measured (label -> paired samples): `default`,
+    unless another tree's mean log speed ratio to it exceeds `NOISE_Z` standard errors of those
+    ratios, and then the one with the largest such gain. Without `default` among them (its
+    output was wrong, or it is not a candidate), the fastest."""
+    if default not in samples:
+        return max(samples, key=lambda t: mean_rate(samples[t]))
+    chosen, gain = default, 0.0
+    for label, rates in samples.items():
+        logs = [math.log(a / b) for a, b in zip(rates, samples[default], strict=True)]
+        mean = statistics.fmean(logs)
+        noise = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else math.inf
+        if mean > NOISE_Z * noise and mean > gain:
+            chosen, gain = label, mean
+    return chosen
+
+
+def measure(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
+            prompts: list[list[int]], rounds: int) -> Measured:
+    """One engine's `Measured`: plain decoding and `trees` on `prompts`, the tree chosen."""
+    plain, samples, wrong = _speeds(engine, head, trees, prompts, rounds)
+    correct = {t: v for t, v in samples.items() if t not in wrong}
+    chosen = choose(tree_label(engine.config.default_tree), correct) if correct else None
+    return Measured(engine.config.weights_label, mean_rate(plain),
+                    {t: mean_rate(v) for t, v in correct.items()},
+                    {tree_label(t): astuple(t) for t in trees}, wrong, chosen)
 
 
 def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
@@ -189,22 +253,19 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     measured: dict[str, Measured] = {}
     for engine in engines:  # stage 1: each weight format, plain and its static default tree
         label = engine.config.weights_label
-        default = engine.config.default_tree if head else None
-        plain, trees, wrong = _speeds(engine, head, [default] if default else [], PROMPTS[:1], 1)
-        measured[label] = Measured(label, plain, trees if not wrong else {},
-                                   {tree_label(default): astuple(default)} if default else {},
-                                   wrong)
-        log.info("  %s: plain %.1f tok/s, %s", label, plain, trees)
+        trees = [engine.config.default_tree] if head else []
+        first_turn = [engine.encode(CONVERSATIONS[0][0])]
+        measured[label] = measure(engine, head, trees, first_turn, 1)
+        log.info("  %s: plain %.1f tok/s, %s", label, measured[label].plain_tok_s,
+                 measured[label].tree_tok_s)
     order = sorted(measured, key=lambda w: -measured[w].best_tok_s())
     if head:  # stage 2: the candidate trees of the fastest format
         engine = next(e for e in engines if e.config.weights_label == order[0])
         family = "q4" if engine.config.weights == "q4" else "dense"
         trees = [TreeParams(k, s, n, min_score=cut) for k, s, n, cut in CANDIDATES[family]]
-        plain, speeds, wrong = _speeds(engine, head, trees, PROMPTS, ROUNDS)
-        log.info("  %s trees: %s (plain %.1f tok/s)", order[0], speeds, plain)
-        measured[order[0]] = Measured(order[0], plain,
-                                      {k: v for k, v in speeds.items() if k not in wrong},
-                                      {tree_label(t): astuple(t) for t in trees}, wrong)
+        measured[order[0]] = m = measure(engine, head, trees, conversation_prompts(engine), ROUNDS)
+        log.info("  %s trees: %s (plain %.1f tok/s); chosen: %s", order[0], m.tree_tok_s,
+                 m.plain_tok_s, m.chosen)
     tuned = Tuned(head, measured, order, round(time.perf_counter() - t0, 1), cpu_model())
     path = cache_path(engines, head)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 On tiny engines: `tune` measures plain decoding and the candidate trees, keeps only trees whose
 greedy output equals plain decoding, orders the weight formats by speed, caches the result
-(a second call reads it without decoding) and `apply` gives each engine its fastest tree.
+(a second call reads it without decoding) and `apply` gives each engine its chosen tree. On
+fixed samples: `choose` keeps the static default tree unless another wins beyond the noise.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.usefixtures("torch_single_thread")
 def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
+    monkeypatch.setattr(autotune, "FIRST_ANSWER", 8)
     monkeypatch.setattr(autotune, "CANDIDATES", {"q4": ((2, 2, 3, 0.0), (1, 2, 3, 0.0)),
                                                  "dense": ((4, 3, 8, 0.0), (2, 2, 4, 0.3))})
 
@@ -95,3 +97,39 @@ def test_retrained_weights_under_the_same_name_are_measured_anew(tmp_path: Path,
     assert autotune.head_digest("h") != before
     assert autotune.head_digest("org/some-head") == "org/some-head"
     assert autotune.head_digest(None) is None
+
+
+DEFAULT = [100.0, 120.0, 90.0, 110.0, 105.0, 95.0]  # decoding tok/s, paired samples
+NOISY = [r * f for r, f in zip(DEFAULT, (1.10, 0.94, 1.08, 0.97, 1.09, 0.98))]  # +2.4% +- 2.7%
+STEADY = [r * f for r, f in zip(DEFAULT, (1.03, 1.04, 1.02, 1.03, 1.05, 1.03))]  # +3.3% +- 0.5%
+AHEAD = [r * 1.2 for r in DEFAULT]
+
+
+def test_the_static_default_stays_unless_another_tree_wins_beyond_the_noise() -> None:
+    """A tree whose mean is higher only within the noise of the paired samples does not replace
+    the default; a steadily faster one does, and of two such the larger gain wins; a tree
+    steadily slower never does. Without the default (its output was wrong) the fastest wins."""
+    assert autotune.mean_rate(NOISY) > autotune.mean_rate(DEFAULT)
+    assert autotune.choose("default", {"default": DEFAULT, "noisy": NOISY}) == "default"
+    assert autotune.choose("default", {"default": DEFAULT, "noisy": NOISY,
+                                       "steady": STEADY}) == "steady"
+    assert autotune.choose("default", {"default": DEFAULT, "steady": STEADY,
+                                       "ahead": AHEAD}) == "ahead"
+    slower = [r * 0.97 for r in DEFAULT]
+    assert autotune.choose("default", {"slower": slower, "default": DEFAULT}) == "default"
+    assert autotune.choose("default", {"noisy": NOISY, "steady": STEADY}) == "steady"
+
+
+def test_measure_judges_against_the_static_default_not_the_last_choice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine whose tree an earlier `tune` replaced is judged again against its config's
+    static default; a noisy lead neither keeps the old choice nor makes a new one."""
+    engine = tiny_engine(tmp_path, max_len=128, vocab_size=256)
+    static = engine.config.default_tree
+    other = TreeParams(2, 2, 4, min_score=0.3)
+    engine.default_tree = other  # an earlier measurement chose it
+    samples = {autotune.tree_label(static): DEFAULT, autotune.tree_label(other): NOISY}
+    monkeypatch.setattr(autotune, "_speeds", lambda *_: (DEFAULT, samples, []))
+    m = autotune.measure(engine, "head", [static, other], [[1, 2, 3]], 2)
+    assert m.chosen == autotune.tree_label(static) and m.best_tree() == static
+    assert m.tree_tok_s[autotune.tree_label(other)] > m.tree_tok_s[m.chosen]
