@@ -179,7 +179,7 @@ def conversation_prompts(engine) -> list[list[int]]:  # noqa: ANN001 - EagleEngi
     return prompts
 
 
-def _speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
+def speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
             prompts: list[list[int]], rounds: int
             ) -> tuple[list[float], dict[str, list[float]], list[str]]:
     """Decoding tokens/s of plain decoding and of each tree, one sample per prompt and round
@@ -234,7 +234,7 @@ def choose(default: str, samples: dict[str, list[float]]) -> str:
 def measure(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
             prompts: list[list[int]], rounds: int) -> Measured:
     """One engine's `Measured`: plain decoding and `trees` on `prompts`, the tree chosen."""
-    plain, samples, wrong = _speeds(engine, head, trees, prompts, rounds)
+    plain, samples, wrong = speeds(engine, head, trees, prompts, rounds)
     correct = {t: v for t, v in samples.items() if t not in wrong}
     chosen = choose(tree_label(engine.config.default_tree), correct) if correct else None
     return Measured(engine.config.weights_label, mean_rate(plain),

@@ -46,7 +46,7 @@ def test_tune_measures_caches_and_applies(tmp_path: Path, monkeypatch: pytest.Mo
 
     def no_decoding(*_: object) -> None:
         raise AssertionError("a cached measurement decoded again")
-    monkeypatch.setattr(autotune, "_speeds", no_decoding)
+    monkeypatch.setattr(autotune, "speeds", no_decoding)
     again = autotune.tune([engine], "head")
     assert again.measured["fp32"].tree_tok_s == m.tree_tok_s
     assert autotune.apply([engine], again) == [engine]
@@ -129,7 +129,7 @@ def test_measure_judges_against_the_static_default_not_the_last_choice(
     other = TreeParams(2, 2, 4, min_score=0.3)
     engine.default_tree = other  # an earlier measurement chose it
     samples = {autotune.tree_label(static): DEFAULT, autotune.tree_label(other): NOISY}
-    monkeypatch.setattr(autotune, "_speeds", lambda *_: (DEFAULT, samples, []))
+    monkeypatch.setattr(autotune, "speeds", lambda *_: (DEFAULT, samples, []))
     m = autotune.measure(engine, "head", [static, other], [[1, 2, 3]], 2)
     assert m.chosen == autotune.tree_label(static) and m.best_tree() == static
     assert m.tree_tok_s[autotune.tree_label(other)] > m.tree_tok_s[m.chosen]
