@@ -13,8 +13,14 @@
 // row r of a call equals that row computed alone, bit for bit (a tree verify gives the numbers
 // of one-token decodes). The columns are split over ATen's threads. The kernels need AVX2, FMA
 // and F16C and use AVX512-VNNI where the CPU has it.
-#include <torch/extension.h>
+// ATen's tensor, its parallel loop, the few factory ops used and pybind11 with torch's tensor
+// casters: a third of the compile time of <torch/extension.h>, which pulls in all of libtorch's
+// C++ API (docs/results.md, section 29).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
@@ -294,32 +300,32 @@ void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t
   });
 }
 
-const uint16_t* half_bits(const torch::Tensor& scales) {
+const uint16_t* half_bits(const at::Tensor& scales) {
   return reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
 }
 
-Packed<true> q4_weight(const torch::Tensor& codes, const torch::Tensor& scales, int64_t K) {
+Packed<true> q4_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
   return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup};
 }
 
-Packed<false> q8_weight(const torch::Tensor& codes, const torch::Tensor& scales, int64_t K) {
+Packed<false> q8_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
   return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales), K / kGroup};
 }
 
 template <bool kQ4>
-torch::Tensor product(const Packed<kQ4>& w, const torch::Tensor& x, int64_t N) {
-  auto out = torch::empty({x.size(0), N}, x.options());
+at::Tensor product(const Packed<kQ4>& w, const at::Tensor& x, int64_t N) {
+  auto out = at::empty({x.size(0), N}, x.options());
   product(w, x.data_ptr<float>(), x.size(0), x.size(1), N, out.data_ptr<float>());
   return out;
 }
 
-torch::Tensor q4_matmul(const torch::Tensor& x, const torch::Tensor& codes,
-                        const torch::Tensor& scales, int64_t N) {
+at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& codes,
+                        const at::Tensor& scales, int64_t N) {
   return product(q4_weight(codes, scales, x.size(1)), x, N);
 }
 
-torch::Tensor q8_matmul(const torch::Tensor& x, const torch::Tensor& codes,
-                        const torch::Tensor& scales, int64_t N) {
+at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes,
+                        const at::Tensor& scales, int64_t N) {
   return product(q8_weight(codes, scales, x.size(1)), x, N);
 }
 
@@ -705,9 +711,9 @@ void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
     }
 }
 
-void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
+void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
            int64_t N, int64_t bytes, int64_t scales_per_block) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(),
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous 2-D float32 tensor, got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(x.size(1) % kGroup == 0, "x has ", x.size(1), " inputs; need a multiple of 32");
   const int64_t G = (N + 7) / 8, B = x.size(1) / kGroup;
@@ -715,7 +721,7 @@ void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tens
                   codes.size(1) == B && codes.size(2) == bytes,
               "codes must be contiguous [", G, ", ", B, ", ", bytes, "] for ", N, " outputs and ",
               x.size(1), " inputs, got ", codes.sizes());
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kHalf &&
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf &&
                   scales.numel() == G * B * scales_per_block,
               "scales must be contiguous float16 with ", G * B * scales_per_block,
               " values, got ", scales.sizes());
@@ -723,15 +729,15 @@ void check(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tens
 
 }  // namespace
 
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
+at::Tensor q4_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 128, 16);
-  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "q4 codes must be uint8");
+  TORCH_CHECK(codes.scalar_type() == at::kByte, "q4 codes must be uint8");
   return q4_matmul(x, codes, scales, N);
 }
 
-torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t N) {
+at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 256, 8);
-  TORCH_CHECK(codes.scalar_type() == torch::kInt8, "q8 codes must be int8");
+  TORCH_CHECK(codes.scalar_type() == at::kChar, "q8 codes must be int8");
   return q8_matmul(x, codes, scales, N);
 }
 
@@ -748,15 +754,15 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 // down scales. Returns [h after the last layer [R, H], aux [R, len(aux_ids) * H]: the inputs
 // of the layers `aux_ids` (ascending), h under the model's final RMSNorm `final_norm` [H] (the
 // lm_head's input; a Python RMSNorm costs ~80 us a call as six ATen ops)].
-std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, torch::Tensor cos,
-                                         torch::Tensor sin, std::vector<torch::Tensor> kvs,
+std::vector<at::Tensor> fused_decoder(at::Tensor h, at::Tensor embeds, at::Tensor cos,
+                                         at::Tensor sin, std::vector<at::Tensor> kvs,
                                          std::vector<int64_t> starts, std::vector<int64_t> lens,
-                                         std::vector<torch::Tensor> masks,
-                                         std::vector<torch::Tensor> weights,
+                                         std::vector<at::Tensor> masks,
+                                         std::vector<at::Tensor> weights,
                                          int64_t heads, int64_t kv_heads, double eps,
                                          std::vector<int64_t> aux_ids, bool q8,
-                                         torch::Tensor final_norm) {
-  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat, "h must be [R, H] float32");
+                                         at::Tensor final_norm) {
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat, "h must be [R, H] float32");
   const size_t n_seq = kvs.size();
   TORCH_CHECK(n_seq > 0 && starts.size() == n_seq && lens.size() == n_seq && masks.size() == n_seq,
               "one cache, start, length and mask per sequence");
@@ -769,7 +775,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   const int64_t T = h.size(0), H = h.size(1), hd = kvs[0].size(3);
   const int64_t inter = weights[first - 4].size(0) * 8 / 2;
   TORCH_CHECK(hd % 8 == 0 && hd <= 128, "head_dim ", hd, " unsupported");
-  TORCH_CHECK(final_norm.numel() == H && final_norm.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(final_norm.numel() == H && final_norm.scalar_type() == at::kFloat &&
                   final_norm.is_contiguous(),
               "final_norm must be contiguous float32 [", H, "], got ", final_norm.sizes());
   TORCH_CHECK(inter % 8 == 0, "intermediate size unsupported");
@@ -780,7 +786,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   int64_t rows = 0;
   for (size_t i = 0; i < n_seq; ++i) {
     const auto& kv = kvs[i];
-    TORCH_CHECK(kv.is_contiguous() && kv.scalar_type() == torch::kHalf &&
+    TORCH_CHECK(kv.is_contiguous() && kv.scalar_type() == at::kHalf &&
                     kv.size(0) == 2 * layers && kv.size(1) == kv_heads && kv.size(3) == hd,
                 "kv must be contiguous float16 [2 * layers, kv_heads, max_len, head_dim], got ",
                 kv.scalar_type(), " ", kv.sizes());
@@ -789,7 +795,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     const float* b = nullptr;
     if (masks[i].numel()) {
       const auto& m = masks[i];
-      TORCH_CHECK(m.is_contiguous() && m.scalar_type() == torch::kBool && m.dim() == 2 &&
+      TORCH_CHECK(m.is_contiguous() && m.scalar_type() == at::kBool && m.dim() == 2 &&
                       m.size(0) == d.T && m.size(1) == d.S,
                   "mask must be contiguous bool [T, start + T] = [", d.T, ", ", d.S, "], got ",
                   m.scalar_type(), " ", m.sizes());
@@ -807,20 +813,20 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
   // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups.
   // Every product writes into a buffer allocated once per call, and the residual adds run
   // here: ATen's empty and add_ cost ~1 and ~2.5 us a call, ~0.25 ms a one-token forward.
-  auto mm = [q8, T](const float* x, int64_t K, const torch::Tensor& codes,
-                    const torch::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
+  auto mm = [q8, T](const float* x, int64_t K, const at::Tensor& codes,
+                    const at::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
     const int64_t N = codes.size(0) * 8;
     if (q8) product(q8_weight(codes, s, K), x, T, K, N, y);
     else product(q4_weight(codes, s, K), x, T, K, N, y);
   };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
-  auto aux = torch::empty({T, int64_t(aux_ids.size()) * H}, h.options());
-  auto xn = torch::empty({T, H}, h.options());
-  auto attn = torch::empty({T, heads * hd}, h.options());
-  auto act = torch::empty({T, inter}, h.options());
-  auto qkv = torch::empty({T, qkv_w}, h.options());
-  auto gu = torch::empty({T, 2 * inter}, h.options());
-  auto proj = torch::empty({T, H}, h.options());  // o_proj's and down's outputs
+  auto aux = at::empty({T, int64_t(aux_ids.size()) * H}, h.options());
+  auto xn = at::empty({T, H}, h.options());
+  auto attn = at::empty({T, heads * hd}, h.options());
+  auto act = at::empty({T, inter}, h.options());
+  auto qkv = at::empty({T, qkv_w}, h.options());
+  auto gu = at::empty({T, 2 * inter}, h.options());
+  auto proj = at::empty({T, H}, h.options());  // o_proj's and down's outputs
   float* hp = h.data_ptr<float>();
   float* qp = qkv.data_ptr<float>();
   float* pp = proj.data_ptr<float>();
@@ -830,16 +836,16 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
         for (int64_t t = 0; t < T; ++t)
           std::memcpy(aux.data_ptr<float>() + t * aux.size(1) + a * H, hp + t * H, H * 4);
   };
-  const torch::Tensor* w = weights.data();
+  const at::Tensor* w = weights.data();
   for (int64_t l = 0; l < layers; ++l) {
     capture(l);
-    torch::Tensor x = xn;
+    at::Tensor x = xn;
     if (draft && l == 0) {  // cat(input_layernorm(embeds), hidden_norm(h)) [T, 2H]
-      auto e = torch::empty({T, H}, h.options());
+      auto e = at::empty({T, H}, h.options());
       rms_norm(embeds.contiguous().data_ptr<float>(), w[0].data_ptr<float>(),
                e.data_ptr<float>(), T, H, eps);
       rms_norm(hp, w[1].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
-      x = torch::cat({e, xn}, 1);
+      x = at::cat({e, xn}, 1);
       ++w;
     } else {
       rms_norm(hp, w[0].data_ptr<float>(), xn.data_ptr<float>(), T, H, eps);
@@ -875,7 +881,7 @@ std::vector<torch::Tensor> fused_decoder(torch::Tensor h, torch::Tensor embeds, 
     w += per_layer;
   }
   capture(layers);
-  auto normed = torch::empty({T, H}, h.options());
+  auto normed = at::empty({T, H}, h.options());
   rms_norm(hp, final_norm.data_ptr<float>(), normed.data_ptr<float>(), T, H, eps);
   return {h, aux, normed};
 }

@@ -9,7 +9,12 @@
 // `verify.greedy_acceptance`; tests/test_cpu_step.py), and the engine uses them once the q4
 // weights have loaded this module (`kernels/__init__.py`). Built with `cpu_lowbit.cpp` into one
 // module (`cpu_lowbit.load`). Not here: the products and layers (`cpu_lowbit.cpp`).
-#include <torch/extension.h>
+// Narrow headers, as in cpu_lowbit.cpp (why: there).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,21 +62,21 @@ int64_t argmax_row(const float* x, int64_t V) {
   return 0;  // not reached: best is one of the row's values
 }
 
-void check_vector(const torch::Tensor& t, const char* name, int64_t n) {
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == torch::kLong && t.is_contiguous(),
+void check_vector(const at::Tensor& t, const char* name, int64_t n) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kLong && t.is_contiguous(),
               name, " must be a contiguous int64 [", n, "], got ", t.scalar_type(), " ", t.sizes());
 }
 
 }  // namespace
 
 // logits [M, V] float32 -> [M] int64: each row's first maximum (greedy decoding's token).
-torch::Tensor argmax_rows(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
                   logits.size(1) > 0,
               "logits must be contiguous float32 [M, V], got ", logits.scalar_type(), " ",
               logits.sizes());
   const int64_t M = logits.size(0), V = logits.size(1);
-  auto out = torch::empty({M}, torch::kLong);
+  auto out = at::empty({M}, at::kLong);
   for (int64_t m = 0; m < M; ++m)
     out.data_ptr<int64_t>()[m] = argmax_row(logits.data_ptr<float>() + m * V, V);
   return out;
@@ -84,11 +89,11 @@ torch::Tensor argmax_rows(const torch::Tensor& logits) {
 // logits [N, V] float32; tokens, parents (-1: the root; a parent precedes its child), depth [N]
 // int64; retrieve [N, W] int64 (each node's root path, -1 padded) ->
 // {accepted_nodes [W] (retrieve's row), num_accepted [1], emitted [W] (-1 padded)}.
-std::vector<torch::Tensor> greedy_accept(const torch::Tensor& logits, const torch::Tensor& tokens,
-                                         const torch::Tensor& parents, const torch::Tensor& depth,
-                                         const torch::Tensor& retrieve) {
+std::vector<at::Tensor> greedy_accept(const at::Tensor& logits, const at::Tensor& tokens,
+                                         const at::Tensor& parents, const at::Tensor& depth,
+                                         const at::Tensor& retrieve) {
   const int64_t N = tokens.numel();
-  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == N && logits.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == N && logits.scalar_type() == at::kFloat &&
                   logits.is_contiguous(),
               "logits must be contiguous float32 [", N, ", V], got ", logits.scalar_type(), " ",
               logits.sizes());
@@ -96,7 +101,7 @@ std::vector<torch::Tensor> greedy_accept(const torch::Tensor& logits, const torc
   check_vector(parents, "parents", N);
   check_vector(depth, "depth", N);
   TORCH_CHECK(N > 0 && retrieve.dim() == 2 && retrieve.size(0) == N &&
-                  retrieve.scalar_type() == torch::kLong && retrieve.is_contiguous(),
+                  retrieve.scalar_type() == at::kLong && retrieve.is_contiguous(),
               "retrieve must be contiguous int64 [", N, ", W], got ", retrieve.sizes());
   const int64_t V = logits.size(1), W = retrieve.size(1);
   const int64_t* tok = tokens.data_ptr<int64_t>();
@@ -117,8 +122,8 @@ std::vector<torch::Tensor> greedy_accept(const torch::Tensor& logits, const torc
     if (ok[j] && dep[j] > dep[best]) best = j;
   }
   auto nodes = retrieve[best].clone();  // [W]
-  auto num = torch::full({1}, dep[best], torch::kLong);
-  auto emitted = torch::full({W}, -1, torch::kLong);
+  auto num = at::full({1}, dep[best], at::kLong);
+  auto emitted = at::full({W}, -1, at::kLong);
   const int64_t* path = nodes.data_ptr<int64_t>();
   int64_t* out = emitted.data_ptr<int64_t>();
   TORCH_CHECK(dep[best] < W, "depth ", dep[best], " does not fit retrieve's ", W, " columns");
@@ -130,15 +135,15 @@ std::vector<torch::Tensor> greedy_accept(const torch::Tensor& logits, const torc
 // `reference.build_tree_from_parents`: parents [N] int64 -> depth [N] int64, ancestors [N, N]
 // bool (ancestor-or-self, at most max_depth links up), retrieve [N, min(N, max_depth + 1)]
 // int64 (the ancestors in index order, -1 padded).
-std::vector<torch::Tensor> tree_from_parents(const torch::Tensor& parents, int64_t max_depth) {
+std::vector<at::Tensor> tree_from_parents(const at::Tensor& parents, int64_t max_depth) {
   const int64_t N = parents.numel();
   check_vector(parents, "parents", N);
   TORCH_CHECK(N > 0 && max_depth >= 0, "a tree needs nodes and max_depth >= 0, got ", N, ", ",
               max_depth);
   const int64_t W = std::min(N, max_depth + 1);
-  auto depth = torch::empty({N}, torch::kLong);
-  auto ancestors = torch::zeros({N, N}, torch::kBool);
-  auto retrieve = torch::full({N, W}, -1, torch::kLong);
+  auto depth = at::empty({N}, at::kLong);
+  auto ancestors = at::zeros({N, N}, at::kBool);
+  auto retrieve = at::full({N, W}, -1, at::kLong);
   const int64_t* par = parents.data_ptr<int64_t>();
   bool* anc = ancestors.data_ptr<bool>();
   for (int64_t i = 0; i < N; ++i) {
@@ -167,14 +172,14 @@ std::vector<torch::Tensor> tree_from_parents(const torch::Tensor& parents, int64
 // and max_depth ->
 // {tokens, parents, depth, ancestors, retrieve, scores, sources} of the selected tree, root
 // first (`EagleVerifyInput`).
-std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::Tensor& tokens,
-                                      const torch::Tensor& parents, const torch::Tensor& sources,
+std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& tokens,
+                                      const at::Tensor& parents, const at::Tensor& sources,
                                       const std::vector<int64_t>& chain_tokens,
                                       const std::vector<double>& chain_scores, int64_t num_steps,
-                                      const torch::Tensor& root, int64_t num_draft_tokens,
+                                      const at::Tensor& root, int64_t num_draft_tokens,
                                       double min_score, int64_t max_depth) {
   const int64_t C = tokens.numel(), L = chain_tokens.size();
-  TORCH_CHECK(scores.dim() == 1 && scores.size(0) == C && scores.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(scores.dim() == 1 && scores.size(0) == C && scores.scalar_type() == at::kFloat &&
                   scores.is_contiguous(),
               "scores must be contiguous float32 [", C, "], got ", scores.sizes());
   check_vector(tokens, "tokens", C);
@@ -230,8 +235,8 @@ std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::
   std::vector<int64_t> selected(order.begin(), order.begin() + n);
   std::sort(selected.begin(), selected.end());
   const int64_t N = n + 1;
-  auto out_tokens = torch::empty({N}, torch::kLong), out_parents = torch::empty({N}, torch::kLong);
-  auto out_scores = torch::empty({N}, torch::kFloat), out_sources = torch::empty({N}, torch::kLong);
+  auto out_tokens = at::empty({N}, at::kLong), out_parents = at::empty({N}, at::kLong);
+  auto out_scores = at::empty({N}, at::kFloat), out_sources = at::empty({N}, at::kLong);
   int64_t* ot = out_tokens.data_ptr<int64_t>();
   int64_t* op = out_parents.data_ptr<int64_t>();
   float* os = out_scores.data_ptr<float>();
@@ -253,7 +258,7 @@ std::vector<torch::Tensor> build_tree(const torch::Tensor& scores, const torch::
 // [dst_start, dst_start + n), every source read before any row is written. Rows already in
 // place are not copied: each copy of a plane's row is a cache miss (the planes lie max_len
 // rows apart), and an accepted path often starts where it belongs.
-void compact_rows(torch::Tensor cache, const torch::Tensor& src_rows, int64_t dst_start) {
+void compact_rows(at::Tensor cache, const at::Tensor& src_rows, int64_t dst_start) {
   TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous(), "cache must be contiguous [B, H, len, d]");
   const int64_t n = src_rows.numel(), len = cache.size(2);
   check_vector(src_rows, "src_rows", n);
@@ -410,9 +415,9 @@ int64_t sample_row(const float* p, int64_t V, float coin) {
 
 // logits [M, V] float32 -> probabilities [M, V] float32 (temperature > 0; top_k 0: off;
 // top_p 1: off).
-torch::Tensor sampling_probs(const torch::Tensor& logits, double temperature, int64_t top_k,
+at::Tensor sampling_probs(const at::Tensor& logits, double temperature, int64_t top_k,
                              double top_p) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
                   logits.size(1) > 0,
               "logits must be contiguous float32 [M, V], got ", logits.scalar_type(), " ",
               logits.sizes());
@@ -420,7 +425,7 @@ torch::Tensor sampling_probs(const torch::Tensor& logits, double temperature, in
               "sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1, got ", temperature,
               ", ", top_k, ", ", top_p);
   const int64_t M = logits.size(0), V = logits.size(1);
-  auto out = torch::empty({M, V}, torch::kFloat);
+  auto out = at::empty({M, V}, at::kFloat);
   std::vector<float> scratch(V);
   std::vector<std::pair<float, int64_t>> cand;
   for (int64_t r = 0; r < M; ++r)
@@ -431,17 +436,17 @@ torch::Tensor sampling_probs(const torch::Tensor& logits, double temperature, in
 
 // probs [M, V] float32 (unnormalized allowed), coins [M] float32 in [0, 1) -> [M] int64, a
 // `sample_row` draw per row.
-torch::Tensor sample_rows(const torch::Tensor& probs, const torch::Tensor& coins) {
-  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == torch::kFloat && probs.is_contiguous() &&
+at::Tensor sample_rows(const at::Tensor& probs, const at::Tensor& coins) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat && probs.is_contiguous() &&
                   probs.size(1) > 0,
               "probs must be contiguous float32 [M, V], got ", probs.scalar_type(), " ",
               probs.sizes());
   const int64_t M = probs.size(0), V = probs.size(1);
-  TORCH_CHECK(coins.dim() == 1 && coins.size(0) == M && coins.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(coins.dim() == 1 && coins.size(0) == M && coins.scalar_type() == at::kFloat &&
                   coins.is_contiguous(),
               "coins must be contiguous float32 [", M, "], got ", coins.scalar_type(), " ",
               coins.sizes());
-  auto out = torch::empty({M}, torch::kLong);
+  auto out = at::empty({M}, at::kLong);
   for (int64_t r = 0; r < M; ++r)
     out.data_ptr<int64_t>()[r] = sample_row(probs.data_ptr<float>() + r * V, V, coins.data_ptr<float>()[r]);
   return out;
@@ -457,26 +462,26 @@ torch::Tensor sample_rows(const torch::Tensor& probs, const torch::Tensor& coins
 // logits [N, V] float32; tokens, parents, depth [N] int64; retrieve [N, W] int64; coins
 // [max(W - 1, 1)] and bonus_coin [1] float32 -> {accepted_nodes [W], num_accepted [1], emitted
 // [W] (-1 padded)}.
-std::vector<torch::Tensor> sampled_accept(const torch::Tensor& logits, const torch::Tensor& tokens,
-                                          const torch::Tensor& parents, const torch::Tensor& depth,
-                                          const torch::Tensor& retrieve, const torch::Tensor& coins,
-                                          const torch::Tensor& bonus_coin, double temperature,
+std::vector<at::Tensor> sampled_accept(const at::Tensor& logits, const at::Tensor& tokens,
+                                          const at::Tensor& parents, const at::Tensor& depth,
+                                          const at::Tensor& retrieve, const at::Tensor& coins,
+                                          const at::Tensor& bonus_coin, double temperature,
                                           int64_t top_k, double top_p) {
   const int64_t N = tokens.numel();
   TORCH_CHECK(N > 0 && logits.dim() == 2 && logits.size(0) == N && logits.size(1) > 0 &&
-                  logits.scalar_type() == torch::kFloat && logits.is_contiguous(),
+                  logits.scalar_type() == at::kFloat && logits.is_contiguous(),
               "logits must be contiguous float32 [", N, ", V], got ", logits.scalar_type(), " ",
               logits.sizes());
   check_vector(tokens, "tokens", N);
   check_vector(parents, "parents", N);
   check_vector(depth, "depth", N);
-  TORCH_CHECK(retrieve.dim() == 2 && retrieve.size(0) == N && retrieve.scalar_type() == torch::kLong &&
+  TORCH_CHECK(retrieve.dim() == 2 && retrieve.size(0) == N && retrieve.scalar_type() == at::kLong &&
                   retrieve.is_contiguous(),
               "retrieve must be contiguous int64 [", N, ", W], got ", retrieve.sizes());
   const int64_t V = logits.size(1), W = retrieve.size(1);
   TORCH_CHECK(coins.dim() == 1 && coins.size(0) == std::max<int64_t>(W - 1, 1) &&
-                  coins.scalar_type() == torch::kFloat && coins.is_contiguous() &&
-                  bonus_coin.numel() == 1 && bonus_coin.scalar_type() == torch::kFloat,
+                  coins.scalar_type() == at::kFloat && coins.is_contiguous() &&
+                  bonus_coin.numel() == 1 && bonus_coin.scalar_type() == at::kFloat,
               "coins must be float32 [", std::max<int64_t>(W - 1, 1), "] and bonus_coin float32 [1], got ",
               coins.sizes(), " and ", bonus_coin.sizes());
   TORCH_CHECK(temperature > 0 && top_k >= 0 && top_p > 0 && top_p <= 1,
@@ -516,8 +521,8 @@ std::vector<torch::Tensor> sampled_accept(const torch::Tensor& logits, const tor
   const bool left = std::any_of(residual.begin(), residual.end(), [](float v) { return v > 0.f; });
   const int64_t bonus = sample_row(left ? residual.data() : p.data(), V, bonus_coin.data_ptr<float>()[0]);
   auto nodes = retrieve[node].clone();  // [W]
-  auto num = torch::full({1}, dep[node], torch::kLong);
-  auto emitted = torch::full({W}, -1, torch::kLong);
+  auto num = at::full({1}, dep[node], at::kLong);
+  auto emitted = at::full({W}, -1, at::kLong);
   const int64_t* path = nodes.data_ptr<int64_t>();
   int64_t* out = emitted.data_ptr<int64_t>();
   for (int64_t k = 0; k < dep[node]; ++k) out[k] = tok[path[k + 1]];
