@@ -180,8 +180,8 @@ def conversation_prompts(engine) -> list[list[int]]:  # noqa: ANN001 - EagleEngi
 
 
 def speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
-            prompts: list[list[int]], rounds: int
-            ) -> tuple[list[float], dict[str, list[float]], list[str]]:
+           prompts: list[list[int]], rounds: int
+           ) -> tuple[list[float], dict[str, list[float]], list[str]]:
     """Decoding tokens/s of plain decoding and of each tree, one sample per prompt and round
     (the systems back to back, their order alternating between rounds, so that the samples of
     one prompt and round are paired); the trees whose greedy output differs from plain
