@@ -7,9 +7,9 @@ in two stages:
 1. every loaded engine (one per target weight format) alone and with its static default tree
    (`EngineConfig.default_tree`), on one first turn: the weight format whose better figure is
    the higher is the fastest;
-2. on that engine, each candidate tree of its format (`CANDIDATES`) on three conversations,
-   both turns (the second on the engine's own plain first answer, as in MT-bench, where drafts
-   from the context carry much of the gain), rounds alternating. A tree whose output differs
+2. on that engine, each candidate tree of its format (`CANDIDATES`) on six conversations in
+   MT-bench's categories, both turns (the second on the engine's own plain first answer, as in
+   MT-bench, where drafts from the context carry much of the gain). A tree whose output differs
    from plain decoding is not correct and never chosen. The static default stays unless
    another tree is faster by more than the measurement's noise (`choose`): the default comes
    from the full MT-bench on this CPU class, and a minute of 48-token requests on a shared
@@ -44,18 +44,24 @@ from .kernels.cpu_lowbit import source_digest
 log = logging.getLogger(__name__)
 
 VERSION = 3  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`
-CONVERSATIONS = (  # (first turn, second turn)
+CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
     ("Write a short Python function that reverses a string, and explain it.",
      "Now add a docstring and one test for it."),
-    ("Give me three tips for sleeping better.",
-     "Rewrite your answer as one short paragraph."),
+    ("Write a short blog post about a trip to a city you like, with its sights and food.",
+     "Rewrite your post for a travel magazine, in a more formal tone."),
+    ("Alice is taller than Bob and Bob is taller than Carol. Who is the shortest? Explain.",
+     "Now add Dave, who is shorter than Bob but taller than Carol. Order all four."),
+    ("What is the sum of the integers from 1 to 100? Show the steps.",
+     "Now do the same for the even integers from 1 to 100."),
     ("Explain what a hash table is to a new programmer.",
-     "Summarize your explanation in two sentences."))
+     "Summarize your explanation in two sentences."),
+    ("Give me three tips for sleeping better.",
+     "Rewrite your answer as one short paragraph."))
 FIRST_ANSWER = 128  # tokens of the plain first answer that a second turn follows
 NEW_TOKENS = 48  # tokens decoded per timed request
-ROUNDS = 2
+ROUNDS = 1
 NOISE_Z = 2.0  # a tree replaces the static default when its mean gain exceeds this many
-# standard errors of the paired samples (one-sided, ~2.5% chance on a tie with 12 samples)
+# standard errors of the paired samples (one-sided, ~3-4% chance on a tie with 12 samples)
 
 
 def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
@@ -183,29 +189,25 @@ def speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - 
            prompts: list[list[int]], rounds: int
            ) -> tuple[list[float], dict[str, list[float]], list[str]]:
     """Decoding tokens/s of plain decoding and of each tree, one sample per prompt and round
-    (the systems back to back, their order alternating between rounds, so that the samples of
-    one prompt and round are paired); the trees whose greedy output differs from plain
-    decoding."""
+    (the systems back to back, their order rotated by one from prompt to prompt, so that each
+    takes each place in turn and the samples of one prompt and round are paired); the trees
+    whose greedy output differs from plain decoding."""
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     systems: list[TreeParams | None] = [None, *trees]
     rates: list[list[float]] = [[] for _ in systems]
-    plain_out: dict[int, list[int]] = {}
-    wrong: set[int] = set()
+    outputs: list[dict[int, list[int]]] = [{} for _ in systems]  # per system, prompt ->
     engine.generate(prompts[0], params, trees[0] if trees else None, head)  # warm-up
     for r in range(rounds):
-        order = list(range(len(systems)))[::1 if r % 2 == 0 else -1]
         for p, ids in enumerate(prompts):
-            for i in order:
+            shift = (r * len(prompts) + p) % len(systems)
+            for i in [*range(shift, len(systems)), *range(shift)]:
                 out = engine.generate(ids, params, systems[i], head if systems[i] else None)
                 # the tokens after the first (which the prefill gives) over the time after it
                 rates[i].append((len(out.token_ids) - 1)
                                 / (out.stats.elapsed_s - out.stats.prefill_s))
-                if systems[i] is None:
-                    plain_out[p] = out.token_ids
-                elif p in plain_out and out.token_ids != plain_out[p]:
-                    wrong.add(i)
-    return (rates[0], {tree_label(t): rates[i + 1] for i, t in enumerate(trees)},
-            [tree_label(trees[i - 1]) for i in sorted(wrong)])
+                outputs[i][p] = out.token_ids
+    wrong = [tree_label(t) for i, t in enumerate(trees, 1) if outputs[i] != outputs[0]]
+    return rates[0], {tree_label(t): rates[i] for i, t in enumerate(trees, 1)}, wrong
 
 
 def mean_rate(samples: list[float]) -> float:
