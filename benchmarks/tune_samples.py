@@ -14,18 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 
 from eagle_engine import autotune
 from eagle_engine.config import EngineConfig, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-
-
-def gain(rates: list[float], base: list[float]) -> tuple[float, float]:
-    """Mean log ratio of paired samples and its standard error."""
-    logs = [math.log(a / b) for a, b in zip(rates, base, strict=True)]
-    return statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
 
 
 def main() -> None:
@@ -52,9 +44,10 @@ def main() -> None:
         for turn in range(turns):
             pick = [j for j in range(len(rates)) if j % len(prompts) % turns == turn]
             part, base = [rates[j] for j in pick], [samples[default][j] for j in pick]
-            rows[turn + 1] = (autotune.mean_rate(part), *gain(part, base))
+            rows[turn + 1] = (autotune.mean_rate(part), *autotune.paired_gain(part, base))
         if turns > 1:
-            rows["all"] = (autotune.mean_rate(rates), *gain(rates, samples[default]))
+            rows["all"] = (autotune.mean_rate(rates),
+                           *autotune.paired_gain(rates, samples[default]))
         for turn, (rate, mean, se) in rows.items():
             print(f"{label:24} {turn!s:>5} {rate:7.1f} {100 * mean:+7.1f}% +- {100 * se:4.1f}")
         summary[label] = {str(t): {"tok_s": r, "gain": m, "se": s} for t, (r, m, s) in rows.items()}

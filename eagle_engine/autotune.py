@@ -216,6 +216,14 @@ def mean_rate(samples: list[float]) -> float:
     return len(samples) / sum(1 / r for r in samples)
 
 
+def paired_gain(rates: list[float], base: list[float]) -> tuple[float, float]:
+    """The mean log speed ratio of paired samples (`rates` against `base`) and its standard
+    error (infinite from one pair)."""
+    logs = [math.log(a / b) for a, b in zip(rates, base, strict=True)]
+    noise = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else math.inf
+    return statistics.fmean(logs), noise
+
+
 def choose(default: str, samples: dict[str, list[float]]) -> str:
     """The tree to use among the correct trees measured (label -> paired samples): `default`,
     unless another tree's mean log speed ratio to it exceeds `NOISE_Z` standard errors of those
@@ -223,13 +231,11 @@ def choose(default: str, samples: dict[str, list[float]]) -> str:
     output was wrong, or it is not a candidate), the fastest."""
     if default not in samples:
         return max(samples, key=lambda t: mean_rate(samples[t]))
-    chosen, gain = default, 0.0
+    chosen, best = default, 0.0
     for label, rates in samples.items():
-        logs = [math.log(a / b) for a, b in zip(rates, samples[default], strict=True)]
-        mean = statistics.fmean(logs)
-        noise = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else math.inf
-        if mean > NOISE_Z * noise and mean > gain:
-            chosen, gain = label, mean
+        gain, noise = paired_gain(rates, samples[default])
+        if gain > NOISE_Z * noise and gain > best:
+            chosen, best = label, gain
     return chosen
 
 
@@ -277,14 +283,14 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
 
 
 def use_cached(engine, head: str | None) -> None:  # noqa: ANN001 - EagleEngine
-    """Give `engine` the tree measured fastest here for `head`, when a measurement is cached
+    """Give `engine` the tree `tune` chose here for `head`, when a measurement is cached
     (`generate`, `bench` and `peers.py` measure nothing themselves)."""
     if head and (tuned := cached([engine], head)) is not None:
         apply([engine], tuned)
 
 
 def apply(engines: list, tuned: Tuned) -> list:
-    """Give each engine its fastest measured tree; return the engines fastest first."""
+    """Give each engine its chosen tree; return the engines fastest first."""
     for engine in engines:
         m = tuned.measured.get(engine.config.weights_label)
         if m is not None and (tree := m.best_tree()) is not None:

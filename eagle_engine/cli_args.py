@@ -31,7 +31,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
-    where = "; the fastest measured on this machine once `tune` has run"
+    where = "; the tree `tune` chose on this machine once it has run"
     q4 = q4_tree(cpu_flags())  # this CPU's static default
     p.add_argument("--topk", type=int, default=None,
                    help=f"default {TreeParams().topk}, with q4 weights {q4.topk} on this "

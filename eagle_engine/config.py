@@ -449,8 +449,8 @@ class TreeParams:
 #   decoding, against 2.010 and 1.057x for k2 s1 n3 (section 27);
 # - with AVX2 products only (a row costs more), k2 s1 n3. The same head and prompts, an AVX2
 #   EPYC: 1.179x against 1.163x for k3 s1 n4 (section 28).
-# The app and `python -m eagle_engine tune` measure the fastest on each machine (`autotune.py`),
-# both among the candidates.
+# The app and `python -m eagle_engine tune` measure the candidates on each machine, both trees
+# among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
 Q4_TREE_VNNI = TreeParams(3, 1, 4, min_score=0.05)
 Q4_TREE_AVX2 = TreeParams(2, 1, 3, min_score=0.05)
 
@@ -513,5 +513,5 @@ class EngineConfig:
         """The static default tree for these weights, from the measured sweeps (docs/results.md,
         "Tree sweep"): with q4 weights a tree row costs more compute than a dense one, and more
         on a CPU without VNNI products (`q4_tree`). An engine's `default_tree` replaces it with
-        the tree `autotune` measured on this machine."""
+        the tree `autotune` chose on this machine."""
         return q4_tree(cpu_flags()) if self.weights == "q4" else TreeParams()

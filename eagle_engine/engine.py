@@ -109,7 +109,7 @@ class EagleEngine:
         self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2 ** 20)
         self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
-        self.default_tree = config.default_tree  # the measured fastest after `autotune.apply`
+        self.default_tree = config.default_tree  # the tree `autotune` chose, after `apply`
         self.tuned = None  # autotune.Tuned once measured or read from the cache
         self._phases: dict[tuple[str | None, TreeParams | None], Phases] = {}
 
@@ -187,7 +187,7 @@ class EagleEngine:
                tree: TreeParams | None = None, head: str | None = None,
                trace: bool = True) -> Iterator[StepEvent]:
         """Yield one event per iteration. `head=None` runs the baseline (target only); `tree`
-        defaults to `self.default_tree` (the measured best for the target's weights).
+        defaults to `self.default_tree` (the tree chosen for the target's weights).
         `trace` adds the verified tree and the rejected drafts (for the UI) to each event.
         Run time in the stats is the engine's own: time the caller holds an event (a UI drawing
         a frame) is not counted, so tokens/s and speedups do not depend on the consumer."""
