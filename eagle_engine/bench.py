@@ -3,10 +3,11 @@
 Runs every prompt (multi-turn rows as conversations, feeding the first mode's own answers back)
 through each requested mode and head, interleaved per prompt so both modes see the same machine
 load, and reports tokens/s, mean accepted length tau, acceptance per depth, greedy agreement with
-the baseline and the speedup measured in this run. `--sweep` compares tree shapes; `--costs`
-measures the verify cost of N tree tokens and the draft step cost relative to one target step;
-`--other-weights-trees` loads the target a second time with the other weight format (q4 <->
-dense) and runs its baseline and EAGLE-3 with those trees in the same rounds.
+the baseline and the speedup measured in this run. `--sweep` compares tree shapes, each with or
+without drafts from the context; `--costs` measures the verify cost of N tree tokens and the
+draft step cost relative to one target step; `--other-weights-trees` loads the target a second
+time with the other weight format (q4 <-> dense) and runs its baseline and EAGLE-3 with those
+trees in the same rounds.
 Not here: the decoding itself (`engine.py`).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from . import autotune
 from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
-from .config import ConfigError, SamplingParams, TreeParams
+from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
 
 
@@ -80,19 +81,25 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-SWEEP_FORMAT = "'topk,steps,tokens[,min_score];...'"
+SWEEP_FORMAT = "'topk,steps,tokens[,min_score][,ctx|noctx];...'"
 
 
-def parse_sweep(text: str) -> list[TreeParams]:
-    """'4,3,8;2,1,3,0.1' -> trees (a fourth number is the tree's min_score)."""
+def parse_sweep(text: str, context_drafts: bool = CONTEXT_DRAFTS) -> list[TreeParams]:
+    """'4,3,8;2,1,3,0.1;2,1,3,0.1,noctx' -> trees (a fourth number is the tree's min_score; a
+    last `ctx` or `noctx` turns its drafts from the context on or off, else `context_drafts`),
+    so one run can compare a tree with and without them."""
     try:
         trees = []
         for part in text.split(";"):
             shape = part.split(",")
+            ctx = context_drafts
+            if shape[-1].strip() in ("ctx", "noctx"):
+                ctx = shape.pop().strip() == "ctx"
             if len(shape) not in (3, 4):
                 raise ValueError(f"{part!r} has {len(shape)} numbers")
             score = float(shape[3]) if len(shape) == 4 else 0.0
-            trees.append(TreeParams(*(int(x) for x in shape[:3]), min_score=score))
+            trees.append(TreeParams(*(int(x) for x in shape[:3]), min_score=score,
+                                    context_drafts=ctx))
         return trees
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--sweep expects {SWEEP_FORMAT}, got {text!r} ({e})") from e
@@ -238,8 +245,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     heads = names or ([pick_head(engine, args.draft)] if "eagle" in modes else [])
     autotune.use_cached(engine, heads[0] if heads else None)
     tree = tree_params(args, engine.default_tree)
-    sweep = [replace(t, context_drafts=tree.context_drafts) for t in parse_sweep(args.sweep)
-             ] if args.sweep else [tree]
+    sweep = parse_sweep(args.sweep, tree.context_drafts) if args.sweep else [tree]
     runs = mode_runs(engine, "", modes, heads, sweep)
     if args.other_weights_trees:
         other = EagleEngine.load(replace(engine.config, dtype=args.dtype, weights=(

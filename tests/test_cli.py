@@ -300,14 +300,20 @@ def test_q4_default_tree_follows_the_cpus_integer_products(
         assert autotune.astuple(want) in autotune.CANDIDATES["q4"]
 
 
-def test_sweep_trees_take_an_optional_min_score() -> None:
+def test_sweep_trees_take_an_optional_min_score_and_context_switch() -> None:
     from eagle_engine.bench import parse_sweep
     from eagle_engine.config import ConfigError
 
     assert parse_sweep("4,3,8;2,1,3,0.2") == [TreeParams(4, 3, 8),
                                               TreeParams(2, 1, 3, min_score=0.2)]
+    # one run can hold a tree with and without drafts from the context; unmarked trees follow
+    # the run's own setting
+    on, off = (TreeParams(2, 1, 3, context_drafts=c, min_score=0.05) for c in (True, False))
+    assert parse_sweep("2,1,3,0.05,ctx;2,1,3,0.05,noctx;2,1,3,0.05", False) == [on, off, off]
+    assert parse_sweep("2,1,3,0.05,noctx;2,1,3,0.05", True) == [off, on]
     for bad, why in (("4,3", "'4,3' has 2 numbers"), ("4,3,8,0.1,2", "has 5 numbers"),
-                     ("4,3,x", "invalid literal"), ("4,3,8,1.5", "min_score must be")):
+                     ("4,3,x", "invalid literal"), ("4,3,8,1.5", "min_score must be"),
+                     ("4,3,8,ctx,ctx", "could not convert"), ("noctx", "has 0 numbers")):
         with pytest.raises(ConfigError, match=why):
             parse_sweep(bad)
 
