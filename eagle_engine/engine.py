@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .cuda_graph import EAGER_PHASES, Phases, phases_for
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, NodeSource, VerifyReadback)
+from .kernels.cpu_lowbit import load as load_cpu_kernels
 from .kv_cache import KVCache, causal_mask
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
@@ -118,15 +120,20 @@ class EagleEngine:
         """Target, tokenizer and heads for `config`. With q4 weights the target's linears
         become q4 / q8 codes and the heads' linears q8 codes (`models/cpu_lowbit.py`)."""
         t0 = time.perf_counter()
-        directory = resolve_target(config.target)
-        t1 = time.perf_counter()
-        dtype = parse_dtype(config.dtype)
-        target = load_target(directory, dtype, config.device, config.max_len)
-        tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
-        heads = load_heads(config, target, dtype)
-        if config.weights == "q4":
-            log.info("q4 target weights: %s; heads' linears q8: %s", quantize_target(target),
-                     [quantize_head(h) for h in heads.values()])
+        with ThreadPoolExecutor(1) as pool:
+            # q4's C++ kernels build while the target converts and loads: at a first start each
+            # takes ~30 s on 2 cores, and the build's compilers run in processes of their own
+            kernels = pool.submit(load_cpu_kernels) if config.weights == "q4" else None
+            directory = resolve_target(config.target)
+            t1 = time.perf_counter()
+            dtype = parse_dtype(config.dtype)
+            target = load_target(directory, dtype, config.device, config.max_len)
+            tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
+            heads = load_heads(config, target, dtype)
+            if kernels is not None:
+                kernels.result()
+                log.info("q4 target weights: %s; heads' linears q8: %s", quantize_target(target),
+                         [quantize_head(h) for h in heads.values()])
         if config.packed_weights and can_pack(config.device, dtype):
             for model in (target, *heads.values()):
                 pack_linears(model)
