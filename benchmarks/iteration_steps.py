@@ -6,9 +6,9 @@
 Answers the first turns of `--limit` prompts with plain decoding, then with EAGLE-3 (the default
 head, `--tree`), and times every call of the engine's steps while they run: the whole iteration,
 the draft, the tree (with the context's chain), the target's forward, acceptance and commit, the
-packed read, the stop rules, the head's extend, its forward, and the kernels under them (the
-fused layers, the low-bit products); sampled (`--temperature`), also the sampling distribution,
-the draw and the sampled tree acceptance. Each step is wrapped in a timer for this process only,
+packed read, the stop rules, the head's extend (one C++ call, or its forward and top-k), and
+the kernels under them (the fused layers, the low-bit products); sampled (`--temperature`), also
+the sampling distribution, the draw and the sampled tree acceptance. Each step is wrapped in a timer for this process only,
 so a figure includes its wrapper's ~1 us and its callees. Prints microseconds per call, calls
 and microseconds per iteration (per token for plain decoding) as a table, then as JSON. Not a
 test: timings depend on the machine and its load; compare steps within one run.
@@ -55,6 +55,7 @@ def install() -> None:
             (Run, "accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
             (Run, "iteration_event", "event"), (engine_mod, "read_back", "packed read"),
             (accept_mod, "draft_input_after", "head top-k"),
+            (FusedDecoder, "extend", "head extend, one C++ call"),
             (engine_mod, "sampled_acceptance", "sampled acceptance"),
             (sampling_mod, "target_probs", "sampling distribution"),
             (sampling_mod, "sample_from", "sampling draw")]:

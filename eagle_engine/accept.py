@@ -4,9 +4,10 @@
 (rejected rows stay behind as garbage past the committed length; nothing else moves), on the
 device. `read_back` is the iteration's one host sync: a single packed copy of the emitted
 tokens, the accepted path and, when tracing, the verified tree. `extend_input` pairs the
-accepted tokens with the target features before them, and `extend` runs the draft over them,
-which rewrites the draft cache rows that drafting used as scratch, and yields the next
-`EagleDraftInput`. Not here: acceptance rules (`verify.py`).
+accepted tokens with the target features before them, and `extend` runs the draft over them
+(one C++ call for a head of q8 codes on a CPU, `extend_steps` elsewhere), which rewrites the
+draft cache rows that drafting used as scratch, and yields the next `EagleDraftInput`. Not here:
+acceptance rules (`verify.py`).
 """
 from __future__ import annotations
 
@@ -70,7 +71,20 @@ def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: i
 @torch.inference_mode()
 def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
            topk: int) -> EagleDraftInput:
-    """Write draft KV for positions [seq_len, seq_len+T) and take top-k after the last one."""
+    """Write draft KV for positions [seq_len, seq_len+T) and take top-k after the last one: one
+    C++ call for a q8 head on a CPU (`FusedDecoder.extend`), else `extend_steps`."""
+    fused = model.fused
+    if fused is None or not fused.extends:
+        return extend_steps(model, ext, cache, topk)
+    topk_p, topk_ids, hidden = fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
+                                            cache.data, topk)
+    return EagleDraftInput(topk_p=topk_p, topk_ids=topk_ids, hidden=hidden,
+                           root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())
+
+
+def extend_steps(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
+                 topk: int) -> EagleDraftInput:
+    """`extend` as the head's forward and `draft_input_after`, on any device."""
     T = ext.tokens.numel()
     dev = ext.tokens.device
     positions = torch.arange(ext.seq_len, ext.seq_len + T, device=dev)[None]

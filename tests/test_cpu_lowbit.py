@@ -322,6 +322,37 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
     torch.testing.assert_close(caches[0], caches[1], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_kw", [
+    {}, {"use_aux": False}, {"norm_output": True, "num_layers": 2, "draft_vocab": 40}])
+def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
+    """A q8 head's draft extend as one C++ call (`FusedDecoder.extend`) gives the bits of its
+    Python steps over the same kernels (`accept.extend_steps`): the top-k, their target ids,
+    the recycled hidden and the cache rows it writes, for one row and for three after a
+    prefix. A head with a norm inside `fc` keeps the steps."""
+    from eagle_engine.accept import extend, extend_steps
+    from eagle_engine.io_struct import EagleDraftExtendInput
+
+    engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64, **head_kw},
+                                    "normed": {"intermediate_size": 64, "fc_norm": True}},
+                         weights="q4", hidden_size=64, intermediate_size=96)
+    head = engine.heads["head"]
+    assert head.fused.extends and not engine.heads["normed"].fused.extends
+    g = torch.Generator().manual_seed(0)
+    width = head.cfg.num_aux * 64 if head.cfg.use_aux_hidden_state else 64
+    caches = [head.new_cache(32), head.new_cache(32)]
+    prefix = torch.randn(caches[0].data.shape, generator=g).half()
+    for c in caches:  # the same rows before `start` in both
+        c.data.copy_(prefix)
+    for start, T in ((5, 1), (6, 3), (9, 2)):
+        ext = EagleDraftExtendInput(torch.randint(3, 96, (T,), generator=g),
+                                    torch.randn(T, width, generator=g), start)
+        got, want = extend(head, ext, caches[0], 3), extend_steps(head, ext, caches[1], 3)
+        for a, b in ((got.topk_p, want.topk_p), (got.topk_ids, want.topk_ids),
+                     (got.hidden, want.hidden), (caches[0].data, caches[1].data)):
+            assert a.shape == b.shape and torch.equal(a, b)
+        assert got.seq_len == want.seq_len == start + T and torch.equal(got.root, want.root)
+
+
 def _load_in_a_new_process() -> subprocess.Popen[bytes]:
     code = "from eagle_engine.kernels import cpu_lowbit; cpu_lowbit.load()"
     return subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])

@@ -137,9 +137,10 @@ class FusedDecoder:
     with q4 layers, or an EAGLE-3 head with q8 layers (its first layer reads cat(norm(embeds),
     norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
-    reference) otherwise. Its KV caches hold `kv_dtype` (float16: a step over a long context
-    reads half the bytes of float32 keys and values); the models' `new_cache` asks for it, and
-    their Python layers widen what they read."""
+    reference) otherwise. A head's whole draft extend (`fc`, the layers, the lm_head, the
+    top-k) can run as one call too (`extend`). Its KV caches hold `kv_dtype` (float16: a step
+    over a long context reads half the bytes of float32 keys and values); the models'
+    `new_cache` asks for it, and their Python layers widen what they read."""
 
     kv_dtype = torch.float16
 
@@ -159,6 +160,7 @@ class FusedDecoder:
                                      m.gate_up_proj.codes, m.gate_up_proj.scales,
                                      m.down_proj.codes, m.down_proj.scales]
         self.final_norm = model.norm.weight.detach()  # [H] the lm_head's input norm
+        self.extends = self.q8 and FusedDecoder.extends_in_one_call(model)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -176,6 +178,35 @@ class FusedDecoder:
                 and len({m.kind for m in linears}) == 1
                 and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
                 and cfg.intermediate_size % 8 == 0)
+
+    @staticmethod
+    def extends_in_one_call(model: nn.Module) -> bool:
+        """A head whose draft extend `extend` runs (`head_extend` in `kernels/cpu_lowbit.cpp`):
+        q8 codes in `fc` (when it has aux states) and the lm_head, no bias on `fc`, no norm
+        before or inside `fc`, float32 embeddings."""
+        cfg = model.cfg
+
+        def q8(m: nn.Module) -> bool:
+            return isinstance(m, LowBitLinear) and m.kind == "q8" and m.bias is None
+        return (q8(model.lm_head) and (not cfg.use_aux_hidden_state or q8(model.fc))
+                and not cfg.norm_before_fc and not cfg.fc_norm
+                and model.embed_tokens.weight.dtype == torch.float32)
+
+    def extend(self, model: nn.Module, tokens: torch.Tensor, features: torch.Tensor,
+               start: int, kv: torch.Tensor, topk: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A head's draft extend as one C++ call (heads that `extends`): tokens [T] and their
+        target features [T, W] at rows [start, start + T) of the head's one-row cache (`kv` =
+        `KVCache.data`) -> (top-k probabilities [k], their target ids [k], the last row's
+        recycled hidden [H]). `accept.extend_steps` is the reference, with the same bits."""
+        aux = model.cfg.use_aux_hidden_state
+        none = torch.empty(0)
+        return tuple(cpu_lowbit.load().head_extend(
+            tokens, features, model.fc.codes if aux else none, model.fc.scales if aux else none,
+            model.embed_tokens.weight, model.rope.cos, model.rope.sin, kv, start, self.weights,
+            self.heads, self.kv_heads, self.eps, self.final_norm, model.cfg.norm_output,
+            model.lm_head.codes, model.lm_head.scales, model.lm_head.out_features, model.d2t,
+            topk))
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
         """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
