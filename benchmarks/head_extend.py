@@ -3,14 +3,12 @@
     PYTHONPATH=. python benchmarks/head_extend.py --prompts ../shared/data/prompts/mtbench.jsonl \
         [--limit 80] [--tree 2,1,3,0.05] [--max-new-tokens 128]
 
-One process, the bundled q4 target and the default head. Every conversation (both turns, the
-second on plain decoding's own first answer, as in MT-bench) is answered by plain decoding and
-by EAGLE-3 twice: the head's extend as one C++ call (`FusedDecoder.extend`) and as its Python
-steps (`accept.extend_steps`), switched on the head between requests, in an order that rotates
-from question to question. Both give the same bits, so the answers must be identical (checked)
-and tau equal; the speed is decoding time only (each request's time less its prefill). Prints
-tokens/s, tau and the ratio to plain decoding per system. Not a test: timings depend on the
-machine and its load.
+One process, the bundled q4 target: plain decoding, the default head (its extend one C++ call,
+`FusedDecoder.extend`) and a second copy of it whose extend runs its Python steps
+(`accept.extend_steps`), through `bench.run_modes` (conversations, the order rotated per
+question, greedy answers compared with plain decoding). Both forms give the same bits, so tau
+is equal and every answer identical; only the speed differs. Prints `bench`'s figures per
+system as JSON. Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
@@ -18,11 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-from eagle_engine.bench import load_rows, parse_sweep
-from eagle_engine.config import EngineConfig, SamplingParams
-from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
+from eagle_engine.bench import Run, load_rows, parse_sweep, run_modes
+from eagle_engine.config import EngineConfig, SamplingParams, parse_dtype
+from eagle_engine.engine import DEFAULT_HEAD, EagleEngine, load_heads
+from eagle_engine.models.cpu_lowbit import quantize_head
 
-SYSTEMS = ("plain", "one call", "steps")
+STEPS = DEFAULT_HEAD + " steps"  # the copy whose extend runs its Python steps
 
 
 def main() -> None:
@@ -33,44 +32,23 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     engine = EagleEngine.load(EngineConfig(weights="q4"))
-    fused = engine.heads[DEFAULT_HEAD].fused
-    if fused is None or not fused.extends:
+    if not engine.heads[DEFAULT_HEAD].fused.extends:
         raise SystemExit("the default head does not extend in one call on this machine")
+    config = engine.config
+    copy = load_heads(config, engine.target, parse_dtype(config.dtype))[DEFAULT_HEAD]
+    quantize_head(copy)
+    copy.fused.extends = False
+    engine.heads[STEPS] = copy
     tree, = parse_sweep(args.tree)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    rows = load_rows(args.prompts, args.limit)
-    engine.generate(engine.encode("Hello"), params, tree, DEFAULT_HEAD)  # warm-up
-    tokens = dict.fromkeys(SYSTEMS, 0)
-    seconds = dict.fromkeys(SYSTEMS, 0.0)
-    steps = dict.fromkeys(SYSTEMS, 0)
-    step_tokens = dict.fromkeys(SYSTEMS, 0)
-    for q, row in enumerate(rows):
-        first = [{"role": "user", "content": row["turns"][0]}]
-        answer = engine.generate(engine.encode(first), params).text
-        second = first + [{"role": "assistant", "content": answer},
-                          {"role": "user", "content": row["turns"][1]}]
-        for ids in (engine.encode(first), engine.encode(second)):
-            answers = {}
-            for system in SYSTEMS[q % 3:] + SYSTEMS[:q % 3]:
-                fused.extends = system == "one call"
-                eagle = system != "plain"
-                res = engine.generate(ids, params, tree if eagle else None,
-                                      DEFAULT_HEAD if eagle else None)
-                answers[system] = res.token_ids
-                tokens[system] += res.stats.num_tokens
-                seconds[system] += res.stats.elapsed_s - res.stats.prefill_s
-                steps[system] += res.stats.num_steps
-                step_tokens[system] += res.stats.step_tokens
-            if not answers["plain"] == answers["one call"] == answers["steps"]:
-                raise SystemExit(f"question {q + 1}: the answers differ")
-    fused.extends = True
-    plain = tokens["plain"] / seconds["plain"]
-    report = {s: {"tok_s": round(tokens[s] / seconds[s], 2),
-                  "tau": round(step_tokens[s] / steps[s], 3),
-                  "vs_plain": round(tokens[s] / seconds[s] / plain, 3)} for s in SYSTEMS}
-    for s, r in report.items():
-        print(f"{s:9s} {r['tok_s']:8.2f} tok/s  tau {r['tau']:.3f}  {r['vs_plain']:.3f}x plain")
-    print(json.dumps({"tree": args.tree, "conversations": len(rows), "systems": report}))
+    runs = [Run("plain", engine, None, tree), Run("one call", engine, DEFAULT_HEAD, tree),
+            Run("steps", engine, STEPS, tree)]
+    engine.generate(engine.encode("Hello"), SamplingParams(max_new_tokens=8), tree, DEFAULT_HEAD)
+    totals = run_modes(load_rows(args.prompts, args.limit), runs,
+                       SamplingParams(max_new_tokens=args.max_new_tokens), False)
+    modes = {label: t.summary() for label, t in totals.items()}
+    for m in modes.values():
+        m["speedup_vs_plain"] = round(m["tokens_per_s"] / modes["plain"]["tokens_per_s"], 3)
+    print(json.dumps({"tree": args.tree, "modes": modes}, indent=2))
 
 
 if __name__ == "__main__":
