@@ -138,6 +138,18 @@ LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to al
   return _mm256_set1_epi32(v);
 }
 
+// GCC reassociates a chain of integer adds: it hoists every `maddubs` of a tile ahead of the
+// adds, and on AVX2's 16 vector registers the products of 4 rows spill to the stack (4-row q4
+// products 26% slower on the AVX2 EPYC, docs/results.md section 31). An empty asm statement
+// keeps each running sum at its place in the chain. -DLOWBIT_IN_ORDER=0 builds without.
+#ifndef LOWBIT_IN_ORDER
+#define LOWBIT_IN_ORDER 1
+#endif
+LOWBIT_INLINE __m256i in_order(__m256i v) {
+  if constexpr (LOWBIT_IN_ORDER) asm("" : "+v"(v));
+  return v;
+}
+
 // dot4: acc + the sums of 4 u8 x s8 products per int32 lane (exact: no saturation for these
 // codes), one instruction with VNNI
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -148,7 +160,8 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #else
 constexpr bool kVnni = false;
 LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  return in_order(
+      _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))));
 }
 #endif
 
@@ -209,7 +222,8 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
             sum_hi[r] = dot4(sum_hi[r], hi, broadcast4(xb[r] + 8 * p + 4));
           } else {
             sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(lo, broadcast4(xb[r] + 8 * p)));
-            sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(hi, broadcast4(xb[r] + 8 * p + 4)));
+            sum[r] = in_order(_mm256_add_epi16(
+                sum[r], _mm256_maddubs_epi16(hi, broadcast4(xb[r] + 8 * p + 4))));
           }
         }
       }
