@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .config import (CONTEXT_DRAFTS, Q4_TREE_AVX2, Q4_TREE_VNNI, SamplingParams, TreeParams,
+from .config import (CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams,
                      cache_root, cpu_flags, cpu_model)
 from .engine import head_source
 from .kernels.cpu_lowbit import source_digest
@@ -70,7 +70,7 @@ def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
 
 
 CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static defaults first
-    "q4": (astuple(Q4_TREE_VNNI), astuple(Q4_TREE_AVX2), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
+    "q4": (astuple(Q4_TREE), (2, 1, 3, 0.05), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
            (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
     "dense": (astuple(TreeParams()), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
 }

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import (CONTEXT_DRAFTS, WEIGHTS, ConfigError, EngineConfig, TreeParams, cpu_flags,
-                     q4_tree)
+from .config import CONTEXT_DRAFTS, Q4_TREE, WEIGHTS, ConfigError, EngineConfig, TreeParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -32,16 +31,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
     where = "; the tree `tune` chose on this machine once it has run"
-    q4 = q4_tree(cpu_flags())  # this CPU's static default
     p.add_argument("--topk", type=int, default=None,
-                   help=f"default {TreeParams().topk}, with q4 weights {q4.topk} on this "
-                   f"CPU{where}")
+                   help=f"default {TreeParams().topk}, with q4 weights {Q4_TREE.topk}{where}")
     p.add_argument("--num-steps", type=int, default=None,
                    help=f"default {TreeParams().num_steps}, with q4 weights "
-                   f"{q4.num_steps} on this CPU{where}")
+                   f"{Q4_TREE.num_steps}{where}")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
-                   f"{q4.num_draft_tokens} on this CPU{where}")
+                   f"{Q4_TREE.num_draft_tokens}{where}")
     p.add_argument("--context-drafts", action=argparse.BooleanOptionalAction, default=None,
                    help="add a chain from a suffix match over the conversation so far to the "
                    "tree, under the same --num-draft-tokens budget (default "
@@ -49,7 +46,7 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-score", type=float, default=None,
                    help="verify only draft tokens whose path probability is at least this, so "
                    f"--num-draft-tokens becomes a cap (default {TreeParams().min_score:g}, with "
-                   f"q4 weights {q4.min_score:g} on this CPU{where})")
+                   f"q4 weights {Q4_TREE.min_score:g}{where})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:

@@ -440,25 +440,18 @@ class TreeParams:
         return self.num_steps
 
 
-# q4 target weights: one head level with a cut of 0.05. A q4 tree row costs a fifth to a third
-# of a one-token step on a 2-core CPU, so a second head step does not pay; the cut leaves out
-# drafts that are nearly hopeless (section 20 of docs/results.md). How wide the level pays
-# follows what a row costs, which is the CPU's integer products (`kernels/cpu_lowbit.cpp`):
-# - with AVX512-VNNI, k3 s1 n4: the fourth node costs no head step and lets the context's chain
-#   reach depth 3. Default head of 28720a6, full MT-bench, an AMX Xeon: tau 2.245, 1.093x plain
-#   decoding, against 2.010 and 1.057x for k2 s1 n3 (section 27);
-# - with AVX2 products only (a row costs more), k2 s1 n3. The same head and prompts, an AVX2
-#   EPYC: 1.179x against 1.163x for k3 s1 n4 (section 28).
-# The app and `python -m eagle_engine tune` measure the candidates on each machine, both trees
+# q4 target weights: k3 s1 n4 with a cut of 0.05, one head level of three candidates. A q4 tree
+# row costs a fifth to a third of a one-token step on a 2-core CPU, so a second head step does
+# not pay; the cut leaves out drafts that are nearly hopeless (section 20 of docs/results.md);
+# the fourth node costs no head step and lets the context's chain reach depth 3. Default head of
+# 28720a6, full MT-bench, against k2 s1 n3 with the same cut:
+# - an AMX Xeon (VNNI products): tau 2.245, 1.093x plain decoding, against 2.010 and 1.057x
+#   (section 27);
+# - an AVX2 EPYC, since its products keep their integer sums in order (d94468c): 1.310x
+#   against 1.272x (section 31; before, a row cost more there and k2 s1 n3 won, section 28).
+# The app and `python -m eagle_engine tune` measure the candidates on each machine, k2 s1 n3
 # among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
-Q4_TREE_VNNI = TreeParams(3, 1, 4, min_score=0.05)
-Q4_TREE_AVX2 = TreeParams(2, 1, 3, min_score=0.05)
-
-
-def q4_tree(flags: tuple[str, ...]) -> TreeParams:
-    """q4's static default tree on a CPU with these vector flags (`cpu_flags()`): the kernels
-    multiply with AVX512-VNNI where the CPU has it and AVX512VL, else with AVX2."""
-    return Q4_TREE_VNNI if {"avx512_vnni", "avx512vl"} <= set(flags) else Q4_TREE_AVX2
+Q4_TREE = TreeParams(3, 1, 4, min_score=0.05)
 
 
 @dataclass(frozen=True)
@@ -511,7 +504,7 @@ class EngineConfig:
     @property
     def default_tree(self) -> TreeParams:
         """The static default tree for these weights, from the measured sweeps (docs/results.md,
-        "Tree sweep"): with q4 weights a tree row costs more compute than a dense one, and more
-        on a CPU without VNNI products (`q4_tree`). An engine's `default_tree` replaces it with
-        the tree `autotune` chose on this machine."""
-        return q4_tree(cpu_flags()) if self.weights == "q4" else TreeParams()
+        "Tree sweep"): with q4 weights a tree row costs more compute than a dense one
+        (`Q4_TREE`). An engine's `default_tree` replaces it with the tree `autotune` chose on
+        this machine."""
+        return Q4_TREE if self.weights == "q4" else TreeParams()

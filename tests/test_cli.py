@@ -253,21 +253,21 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
 
 def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for dense
-    targets, 3 or 4 with q4 weights (by the CPU's products); flags given always win."""
+    targets, 4 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
     from eagle_engine.cli_args import tree_params
-    from eagle_engine.config import EngineConfig, cpu_flags, q4_tree
+    from eagle_engine.config import Q4_TREE as q4
+    from eagle_engine.config import EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
                            context_drafts=None, min_score=None)
-    q4 = q4_tree(cpu_flags())
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == q4
     assert q4.min_score > 0 and TreeParams().min_score == 0
-    args.num_draft_tokens, args.topk = 4, 3
+    args.num_draft_tokens, args.topk = 3, 2
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(
-        3, q4.num_steps, 4, min_score=q4.min_score)
+        2, q4.num_steps, 3, min_score=q4.min_score)
     from eagle_engine.cli import build_parser
 
     for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
@@ -281,23 +281,20 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
         assert tree_params(parsed, q4) == replace(q4, min_score=0.25)
 
 
-def test_q4_default_tree_follows_the_cpus_integer_products(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """VNNI products (AVX512-VNNI with AVX512VL, as `cpu_lowbit.cpp` builds them) make a tree
-    row cheaper: q4's static default is k3 s1 n4 there and k2 s1 n3 with AVX2 products, both
-    with a cut and both among `tune`'s candidates; dense targets keep `TreeParams()`."""
+def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q4's static default is k3 s1 n4 with a cut on every CPU class (VNNI or AVX2 products),
+    the first of `tune`'s candidates, with k2 s1 n3 among the others; dense targets keep
+    `TreeParams()`."""
     from eagle_engine import autotune, config
 
-    vnni = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-    avx2 = ("avx2", "fma", "f16c")
-    assert config.q4_tree(vnni) == config.Q4_TREE_VNNI == TreeParams(3, 1, 4, min_score=0.05)
-    assert config.q4_tree(avx2) == config.Q4_TREE_AVX2 == TreeParams(2, 1, 3, min_score=0.05)
-    assert config.q4_tree(("avx2", "avx512f", "avx512_vnni")) == config.Q4_TREE_AVX2  # no VL
-    for flags, want in ((vnni, config.Q4_TREE_VNNI), (avx2, config.Q4_TREE_AVX2)):
+    assert config.Q4_TREE == TreeParams(3, 1, 4, min_score=0.05)
+    assert autotune.CANDIDATES["q4"][0] == autotune.astuple(config.Q4_TREE)
+    assert (2, 1, 3, 0.05) in autotune.CANDIDATES["q4"]
+    for flags in (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+                  ("avx2", "fma", "f16c")):
         monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: flags)
-        assert config.EngineConfig(weights="q4").default_tree == want
+        assert config.EngineConfig(weights="q4").default_tree == config.Q4_TREE
         assert config.EngineConfig(weights="dense").default_tree == TreeParams()
-        assert autotune.astuple(want) in autotune.CANDIDATES["q4"]
 
 
 def test_sweep_trees_take_an_optional_min_score_and_context_switch() -> None:

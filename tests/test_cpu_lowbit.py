@@ -21,8 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from eagle_engine.config import (Q4_TREE_AVX2, Q4_TREE_VNNI, ConfigError, EngineConfig,
-                                 SamplingParams, TreeParams, cpu_flags)
+from eagle_engine.config import (Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams,
+                                 cpu_flags)
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.kernels.cpu_lowbit import GROUP
 from eagle_engine.kv_cache import KVCache, causal_mask, tree_mask
@@ -280,7 +280,7 @@ def test_bundled_q4_greedy_speculative_equals_baseline() -> None:
     ids = engine.encode("Write a haiku about the sea.")
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     base = engine.generate(ids, params).token_ids
-    for tree in (Q4_TREE_VNNI, Q4_TREE_AVX2, TreeParams(4, 3, 8)):
+    for tree in (Q4_TREE, TreeParams(2, 1, 3, min_score=0.05), TreeParams(4, 3, 8)):
         assert engine.generate(ids, params, tree, "eagle3-aux-1layer").token_ids == base
 
 
