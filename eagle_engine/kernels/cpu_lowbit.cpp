@@ -139,9 +139,11 @@ LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to al
 }
 
 // GCC reassociates a chain of integer adds: it hoists every `maddubs` of a tile ahead of the
-// adds, and on AVX2's 16 vector registers the products of 4 rows spill to the stack (4-row q4
-// products 26% slower on the AVX2 EPYC, docs/results.md section 31). An empty asm statement
-// keeps each running sum at its place in the chain. -DLOWBIT_IN_ORDER=0 builds without.
+// adds, and on AVX2's 16 vector registers the products of 4 rows spill to the stack. An empty
+// asm statement keeps each running sum at its place in the chain. Built without it
+// (-DLOWBIT_IN_ORDER=0), on the AVX2 EPYC, a decoder layer's q4 products at 4 rows took 13%
+// longer, the lm_head's q8 product 31%, and EAGLE-3 decoded 14% slower (docs/results.md,
+// section 31).
 #ifndef LOWBIT_IN_ORDER
 #define LOWBIT_IN_ORDER 1
 #endif
