@@ -167,7 +167,11 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
     mark = answer.locator(".rej-mark").first
     ex(mark).to_be_visible()
     assert mark.inner_text() == ""
-    assert re.search(r"rejected draft · step \d+ · depth \d+: '", mark.get_attribute("title"))
+    from eagle_engine.ui_render import SOURCE_TEXT
+
+    sources = "|".join(SOURCE_TEXT.values())  # named where the context drafted it
+    assert re.search(rf"rejected draft · step \d+ · depth \d+( · ({sources}))?: '",
+                     mark.get_attribute("title"))
     ex(mark).to_have_css("text-decoration-line", "none")
     tile = page.locator("#tile-speedup")
     ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^≈\d+\.\d\d×$"))
