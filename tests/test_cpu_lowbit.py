@@ -338,7 +338,7 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
     head = engine.heads["head"]
     assert head.fused.extends and not engine.heads["normed"].fused.extends
     g = torch.Generator().manual_seed(0)
-    width = head.cfg.num_aux * 64 if head.cfg.use_aux_hidden_state else 64
+    width = EagleDraftExtendInput.hidden_size_for(head.cfg)  # [T, width] target features
     caches = [head.new_cache(32), head.new_cache(32)]
     prefix = torch.randn(caches[0].data.shape, generator=g).half()
     for c in caches:  # the same rows before `start` in both
