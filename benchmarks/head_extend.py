@@ -1,13 +1,16 @@
-"""Does the head's draft extend as one C++ call pay against its Python steps?
+"""Do the head's draft extend and draft decode steps as one C++ call each pay against their
+Python steps?
 
     PYTHONPATH=. python benchmarks/head_extend.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 80] [--tree 2,1,3,0.05] [--max-new-tokens 128]
+        [--limit 80] [--tree 2,1,3,0.05] [--steps extend] [--max-new-tokens 128]
 
 One process, the bundled q4 target: plain decoding, the default head (its extend one C++ call,
-`FusedDecoder.extend`) and a second copy of it whose extend runs its Python steps
-(`accept.extend_steps`), through `bench.run_modes` (conversations, the order rotated per
-question, greedy answers compared with plain decoding). Both forms give the same bits, so tau
-is equal and every answer identical; only the speed differs. Prints `bench`'s figures per
+`FusedDecoder.extend`, and each draft decode step past the first level one too,
+`FusedDecoder.draft`) and a second copy of it that runs the phases named by `--steps` as their
+Python steps (`extend`: `accept.extend_steps`; `draft`: `draft.decode_children`, which only
+trees of two or more steps run), through `bench.run_modes` (conversations, the order rotated
+per question, greedy answers compared with plain decoding). Both forms give the same bits, so
+tau is equal and every answer identical; only the speed differs. Prints `bench`'s figures per
 system as JSON. Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ from eagle_engine.config import EngineConfig, SamplingParams, parse_dtype
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine, load_heads
 from eagle_engine.models.cpu_lowbit import quantize_head
 
-STEPS = DEFAULT_HEAD + " steps"  # the copy whose extend runs its Python steps
+STEPS = DEFAULT_HEAD + " steps"  # the copy whose `--steps` phases run their Python steps
 
 
 def main() -> None:
@@ -29,15 +32,21 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, required=True, help="JSONL with a 'turns' list per row")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--tree", default="2,1,3,0.05", help="topk,steps,tokens[,min_score]")
+    ap.add_argument("--steps", default="extend",
+                    help="comma-separated phases the copy runs as Python steps: extend, draft")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
+    steps = set(args.steps.split(","))
+    if not steps or steps - {"extend", "draft"}:
+        raise SystemExit(f"--steps takes extend and/or draft, got {args.steps!r}")
     engine = EagleEngine.load(EngineConfig(weights="q4"))
     if not engine.heads[DEFAULT_HEAD].fused.extends:
         raise SystemExit("the default head does not extend in one call on this machine")
     config = engine.config
     copy = load_heads(config, engine.target, parse_dtype(config.dtype))[DEFAULT_HEAD]
     quantize_head(copy)
-    copy.fused.extends = False
+    copy.fused.extends = "extend" not in steps
+    copy.fused.drafts = "draft" not in steps
     engine.heads[STEPS] = copy
     tree, = parse_sweep(args.tree)
     runs = [Run("plain", engine, None, tree), Run("one call", engine, DEFAULT_HEAD, tree),
@@ -48,7 +57,7 @@ def main() -> None:
     modes = {label: t.summary() for label, t in totals.items()}
     for m in modes.values():
         m["speedup_vs_plain"] = round(m["tokens_per_s"] / modes["plain"]["tokens_per_s"], 3)
-    print(json.dumps({"tree": args.tree, "modes": modes}, indent=2))
+    print(json.dumps({"tree": args.tree, "steps": sorted(steps), "modes": modes}, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 Answers the first turns of `--limit` prompts with plain decoding, then with EAGLE-3 (the default
 head, `--tree`), and times every call of the engine's steps while they run: the whole iteration,
 the draft, the tree (with the context's chain), the target's forward, acceptance and commit, the
-packed read, the stop rules, the head's extend (one C++ call, or its forward and top-k), and
-the kernels under them (the fused layers, the low-bit products); sampled (`--temperature`), also
+packed read, the stop rules, the head's extend (one C++ call, or its forward and top-k), its
+later draft decode steps (one C++ call each, or its forward), and the kernels under them (the fused layers, the low-bit products); sampled (`--temperature`), also
 the sampling distribution, the draw and the sampled tree acceptance. Each step is wrapped in a
 timer for this process only, so a figure includes its wrapper's ~1 us and its callees. Prints
 microseconds per call, calls and microseconds per iteration (per token for plain decoding) as a
@@ -57,6 +57,7 @@ def install() -> None:
             (Run, "iteration_event", "event"), (engine_mod, "read_back", "packed read"),
             (accept_mod, "draft_input_after", "head top-k"),
             (FusedDecoder, "extend", "head extend, one C++ call"),
+            (FusedDecoder, "draft", "head draft step, one C++ call"),
             (engine_mod, "sampled_acceptance", "sampled acceptance"),
             (sampling_mod, "target_probs", "sampling distribution"),
             (sampling_mod, "sample_from", "sampling draw")]:

@@ -18,7 +18,7 @@ import torch
 
 from .accept import draft_input_after
 from .config import TreeParams
-from .draft import Frontier, expand, join
+from .draft import Frontier, expand, join, top_children
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import KVCache, causal_mask, tree_mask
 from .models.batched import SeqRows, draft_forward, target_forward
@@ -49,7 +49,9 @@ def draft_many(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[K
             rows.append(SeqRows(front.ids, positions, caches[i], seq + step * K, mask,
                                 front.hidden))
         for i, (logits, h) in zip(live, draft_forward(model, rows, from_target=False)):
-            fronts[i], level = expand(fronts[i], logits[0], h[0], model.target_ids)
+            K = trees[i].topk
+            fronts[i], level = expand(fronts[i], *top_children(logits[0], K, model.target_ids),
+                                      h[0])
             levels[i].append(level)
     return [join(lv) for lv in levels]
 

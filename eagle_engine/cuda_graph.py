@@ -22,7 +22,7 @@ import torch
 
 from .accept import extend
 from .config import EngineConfig, TreeParams
-from .draft import Frontier, draft, expand, join
+from .draft import Frontier, draft, expand, join, top_children
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kernels import reference
 from .kv_cache import KVCache
@@ -195,7 +195,7 @@ def draft_decode_static(model: Eagle3Draft, b: GraphBuffers, cache: KVCache,
         rows = b.seq_len + step * K + torch.arange(K, device=dev)  # [K]
         logits, h = model(front.ids[None], front.hidden[None], positions, cache, 0, mask,
                           from_target=False, cache_rows=rows)
-        front, level = expand(front, logits[0], h[0], model.target_ids)
+        front, level = expand(front, *top_children(logits[0], K, model.target_ids), h[0])
         levels.append(level)
     return join(levels)
 

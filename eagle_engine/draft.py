@@ -1,9 +1,11 @@
 """Draft phase: `num_steps` levels of top-k expansion with cumulative path scores (EAGLE-2
 dynamic tree), each decode step attending to the committed draft cache plus the exact ancestry
 of every frontier node. Scratch KV rows live past the committed length and are overwritten by
-the next draft extend. `Frontier` and `expand` are the expansion rule itself, shared with the
-static-shape (CUDA-graph) draft in `cuda_graph.py`. Not here: choosing the final
-`num_draft_tokens` (`tree.py`).
+the next draft extend. `Frontier`, `top_children` and `expand` are the expansion rule itself,
+shared with the static-shape (CUDA-graph) draft in `cuda_graph.py` and the batched draft in
+`batch_phases.py`. A q8 head on a CPU runs each decode step (its forward and `top_children`) as
+one C++ call (`FusedDecoder.draft`); `decode_children` is those steps in Python. Not here:
+choosing the final `num_draft_tokens` (`tree.py`).
 """
 from __future__ import annotations
 
@@ -43,15 +45,23 @@ class Frontier:
                                                              device=dev))
 
 
-def expand(front: Frontier, logits: torch.Tensor, hidden: torch.Tensor,
-           target_ids: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Frontier, DraftTree]:
-    """One level: logits [K, draft_vocab] and hidden [K, Hd] of the decode step over the frontier
-    -> the K*K children (each node's top-K) as candidates, and the best K paths among them as
-    the next frontier. `target_ids` maps draft ids to target ids (`Eagle3Draft.target_ids`)."""
+def top_children(logits: torch.Tensor, K: int, target_ids: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [K, draft_vocab] of a decode step over the frontier -> each node's top-K children:
+    probabilities [K, K], target ids [K, K]. `target_ids` maps draft ids to target ids
+    (`Eagle3Draft.target_ids`)."""
+    child_p, child_idx = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K] each
+    return child_p, target_ids(child_idx)
+
+
+def expand(front: Frontier, child_p: torch.Tensor, child_ids: torch.Tensor,
+           hidden: torch.Tensor) -> tuple[Frontier, DraftTree]:
+    """One level: each frontier node's top-K children (probabilities [K, K], target ids [K, K],
+    `top_children`) and the decode step's hidden [K, Hd] -> the K*K children as candidates,
+    and the best K paths among them as the next frontier."""
     K = front.ids.numel()
-    child_p, child_idx = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K]
     path = (front.score[:, None] * child_p).flatten()  # [K*K] cumulative probability
-    level = DraftTree(scores=path, tokens=target_ids(child_idx).flatten(),
+    level = DraftTree(scores=path, tokens=child_ids.flatten(),
                       parents=front.index.repeat_interleave(K))
     score, best = path.topk(K)
     slot = best // K  # [K] frontier slot of each new node's parent
@@ -59,6 +69,20 @@ def expand(front: Frontier, logits: torch.Tensor, hidden: torch.Tensor,
     nxt = Frontier(front.offset + best, score, level.tokens[best], hidden[slot],
                    torch.cat([front.ancestry[slot], own], dim=1), front.offset + K * K)
     return nxt, level
+
+
+def decode_children(model: Eagle3Draft, front: Frontier, position: int, start: int,
+                    mask: torch.Tensor, cache: KVCache
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One draft decode step over the frontier as the head's forward and `top_children`, on any
+    device: its K nodes at `position`, written to cache rows [start, start + K), seeing what
+    mask [K, start + K] allows -> (children's probabilities [K, K], target ids [K, K], hidden
+    [K, Hd]). A q8 head on a CPU runs it as one C++ call (`FusedDecoder.draft`), same bits."""
+    K = front.ids.numel()
+    positions = torch.full((1, K), position, device=front.ids.device)
+    logits, h = model(front.ids[None], front.hidden[None], positions, cache, start, mask[None],
+                      from_target=False)
+    return *top_children(logits[0], K, model.target_ids), h[0]
 
 
 def join(levels: list[DraftTree]) -> DraftTree:
@@ -78,11 +102,15 @@ def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
         return first
     eye = torch.eye(K, dtype=torch.bool, device=dev)
     prefix = torch.ones(K, seq, dtype=torch.bool, device=dev)
-    positions = torch.full((1, K), seq, device=dev)
+    fused = model.fused
     for step in range(S - 1):
-        mask = torch.cat([prefix, front.ancestry, eye], dim=1)[None]  # [1, K, seq + (step+1)K]
-        logits, h = model(front.ids[None], front.hidden[None], positions + step, cache,
-                          seq + step * K, mask, from_target=False)
-        front, level = expand(front, logits[0], h[0], model.target_ids)
+        start = seq + step * K  # the scratch rows of this level's nodes
+        mask = torch.cat([prefix, front.ancestry, eye], dim=1)  # [K, start + K]
+        if fused is not None and fused.drafts:
+            children = fused.draft(model, front.ids, front.hidden, seq + step, start,
+                                   cache.data, mask, K)
+        else:
+            children = decode_children(model, front, seq + step, start, mask, cache)
+        front, level = expand(front, *children)
         levels.append(level)
     return join(levels)

@@ -902,6 +902,30 @@ std::vector<at::Tensor> fused_decoder(at::Tensor h, at::Tensor embeds, at::Tenso
   return {h, aux, normed};
 }
 
+// An EAGLE-3 head's layers and lm_head over T rows, the common part of `head_extend` and
+// `head_draft`: h [T, H] (after `fc`, or the recycled hidden), the rows' tokens [T], their RoPE
+// rows cos / sin [T, head_dim], cache rows [start, start + T), visible [T, start + T] bool
+// (empty: every row). The lm_head runs on the last row (every_row false) or on each row (R = 1
+// or T). Returns [top-k probabilities [R, k] float32, their target ids [R, k] int64, the
+// recycled hidden [R, H]: h after the layers, or h under the final norm with `norm_output`].
+static std::vector<at::Tensor> head_rows(at::Tensor h, at::Tensor tokens, at::Tensor embedding,
+                                         at::Tensor cos, at::Tensor sin, at::Tensor kv,
+                                         int64_t start, at::Tensor visible,
+                                         const std::vector<at::Tensor>& weights, int64_t heads,
+                                         int64_t kv_heads, double eps, at::Tensor final_norm,
+                                         bool norm_output, at::Tensor lm_codes,
+                                         at::Tensor lm_scales, int64_t vocab, at::Tensor d2t,
+                                         int64_t topk, bool every_row) {
+  const int64_t T = tokens.size(0), R = every_row ? T : 1;
+  at::Tensor embeds = embedding.index_select(0, tokens);  // [T, H]
+  auto out = fused_decoder(h, embeds, cos, sin, {kv}, {start}, {T}, {visible}, weights, heads,
+                           kv_heads, eps, {}, true, final_norm);  // [h, aux (none), normed]
+  at::Tensor logits = q8_linear(out[2].narrow(0, T - R, R), lm_codes, lm_scales, vocab);
+  auto [probs, ids] = logits.softmax(-1).topk(topk, -1);  // [R, k] each, the most likely first
+  return {probs, ids.add(d2t.index_select(0, ids.flatten()).view_as(ids)),
+          out[norm_output ? 2 : 0].narrow(0, T - R, R).clone()};
+}
+
 // An EAGLE-3 head's draft extend in one call, for a head whose linears are q8 codes
 // (`accept.extend` on a CPU; `accept.extend_steps`, its Python steps over the same kernels, is
 // the reference, and the result has the same bits): the target features through `fc` (no `fc`
@@ -931,7 +955,6 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
               ") past the RoPE table's ", cos.size(0));
   at::Tensor h = features.contiguous();
   if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H);  // [T, H]
-  at::Tensor embeds = embedding.index_select(0, tokens);           // [T, H]
   at::Tensor visible = at::empty({0}, tokens.options().dtype(at::kBool));
   if (T > 1) {  // row t sees cache rows [0, start + t]; one row sees every row
     visible = at::empty({T, start + T}, visible.options());
@@ -939,12 +962,46 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < start + T; ++j) v[t * (start + T) + j] = j <= start + t;
   }
-  auto out = fused_decoder(h, embeds, cos.narrow(0, start, T), sin.narrow(0, start, T), {kv},
-                           {start}, {T}, {visible}, weights, heads, kv_heads, eps, {}, true,
-                           final_norm);  // [h [T, H], aux (none), normed [T, H]]
-  at::Tensor logits = q8_linear(out[2].narrow(0, T - 1, 1), lm_codes, lm_scales, vocab)[0];
-  auto [probs, ids] = logits.softmax(0).topk(topk);  // [k] each, the most likely first
-  return {probs, ids.add(d2t.index_select(0, ids)), out[norm_output ? 2 : 0][T - 1].clone()};
+  auto out = head_rows(h, tokens, embedding, cos.narrow(0, start, T), sin.narrow(0, start, T),
+                       kv, start, visible, weights, heads, kv_heads, eps, final_norm,
+                       norm_output, lm_codes, lm_scales, vocab, d2t, topk, false);
+  return {out[0][0], out[1][0], out[2][0]};
+}
+
+// One draft decode step of an EAGLE-3 head in one call (`draft.draft` on a CPU, for the heads
+// `head_extend` serves except that `fc` plays no part; `draft.decode_children`'s Python steps
+// over the same kernels are the reference, with the same bits): the frontier's K tokens [K]
+// and recycled hidden [K, H] at one position (`position`, the same for every node: its depth
+// past the committed length), written to cache rows [start, start + K) and seeing what visible
+// [K, start + K] bool allows (the committed rows, each node's ancestors, itself), the lm_head
+// on every row, then each row's top-k of its softmax, mapped to target ids. Called from Python
+// as ~30 small steps, this cost ~0.7-0.9 ms a draft step on a 2-core AVX2 CPU (docs/results.md,
+// section 32). Returns [top-k probabilities [K, k] float32, their target ids [K, k] int64, the
+// recycled hidden [K, H]].
+std::vector<at::Tensor> head_draft(at::Tensor tokens, at::Tensor hidden, at::Tensor embedding,
+                                   at::Tensor cos, at::Tensor sin, int64_t position,
+                                   at::Tensor kv, int64_t start, at::Tensor visible,
+                                   std::vector<at::Tensor> weights, int64_t heads,
+                                   int64_t kv_heads, double eps, at::Tensor final_norm,
+                                   bool norm_output, at::Tensor lm_codes, at::Tensor lm_scales,
+                                   int64_t vocab, at::Tensor d2t, int64_t topk) {
+  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) > 0,
+              "tokens must be a non-empty 1-D int64 tensor, got ", tokens.scalar_type(), " ",
+              tokens.sizes());
+  const int64_t K = tokens.size(0), H = final_norm.numel();
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == K && hidden.size(1) == H,
+              "hidden must be [", K, ", ", H, "], got ", hidden.sizes());
+  TORCH_CHECK(position >= 0 && position < cos.size(0), "position ", position,
+              " past the RoPE table's ", cos.size(0));
+  TORCH_CHECK(visible.dim() == 2 && visible.size(0) == K && visible.size(1) == start + K &&
+                  visible.scalar_type() == at::kBool,
+              "visible must be a [", K, ", ", start + K, "] bool mask, got ",
+              visible.scalar_type(), " ", visible.sizes());
+  at::Tensor c = cos.narrow(0, position, 1).expand({K, -1}).contiguous();  // [K, head_dim]
+  at::Tensor s = sin.narrow(0, position, 1).expand({K, -1}).contiguous();
+  return head_rows(hidden.contiguous(), tokens, embedding, c, s, kv, start, visible.contiguous(),
+                   weights, heads, kv_heads, eps, final_norm, norm_output, lm_codes, lm_scales,
+                   vocab, d2t, topk, true);
 }
 
 void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same module
@@ -955,4 +1012,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers over the rows of one or more sequences");
   m.def("head_extend", &head_extend, "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
+  m.def("head_draft", &head_draft, "an EAGLE-3 head's q8 draft decode step: layers, lm_head, each row's top-k");
 }

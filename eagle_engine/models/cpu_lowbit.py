@@ -100,6 +100,10 @@ class LowBitLinear(nn.Module):
         return cpu_lowbit.q8_dequantize(*cpu_lowbit.unpack_q8(self.codes, self.scales, n))
 
 
+def _q8(m: nn.Module) -> bool:
+    return isinstance(m, LowBitLinear) and m.kind == "q8" and m.bias is None
+
+
 def quantize_target(model: nn.Module) -> dict[str, int]:
     """Swap the decoder linears of a float32 target for q4 codes and its lm_head for q8 codes
     (the embedding lookup keeps its dense rows). Returns how many linears of each kind."""
@@ -138,9 +142,10 @@ class FusedDecoder:
     norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
     reference) otherwise. A head's whole draft extend (`fc`, the layers, the lm_head, the
-    top-k) can run as one call too (`extend`). Its KV caches hold `kv_dtype` (float16: a step
-    over a long context reads half the bytes of float32 keys and values); the models'
-    `new_cache` asks for it, and their Python layers widen what they read."""
+    top-k) can run as one call too (`extend`), and so can each later draft decode step (the
+    layers, the lm_head and each row's top-k: `draft`). Its KV caches hold `kv_dtype`
+    (float16: a step over a long context reads half the bytes of float32 keys and values); the
+    models' `new_cache` asks for it, and their Python layers widen what they read."""
 
     kv_dtype = torch.float16
 
@@ -160,7 +165,8 @@ class FusedDecoder:
                                      m.gate_up_proj.codes, m.gate_up_proj.scales,
                                      m.down_proj.codes, m.down_proj.scales]
         self.final_norm = model.norm.weight.detach()  # [H] the lm_head's input norm
-        self.extends = self.q8 and FusedDecoder.extends_in_one_call(model)
+        self.drafts = self.q8 and FusedDecoder.drafts_in_one_call(model)
+        self.extends = self.drafts and FusedDecoder.extends_in_one_call(model)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -180,17 +186,20 @@ class FusedDecoder:
                 and cfg.intermediate_size % 8 == 0)
 
     @staticmethod
+    def drafts_in_one_call(model: nn.Module) -> bool:
+        """A head whose draft decode steps `draft` runs (`head_draft` in
+        `kernels/cpu_lowbit.cpp`): q8 codes in the lm_head, float32 embeddings."""
+        return _q8(model.lm_head) and model.embed_tokens.weight.dtype == torch.float32
+
+    @staticmethod
     def extends_in_one_call(model: nn.Module) -> bool:
         """A head whose draft extend `extend` runs (`head_extend` in `kernels/cpu_lowbit.cpp`):
-        q8 codes in `fc` (when it has aux states) and the lm_head, no bias on `fc`, no norm
-        before or inside `fc`, float32 embeddings."""
+        one that `drafts_in_one_call`, with q8 codes in `fc` (when it has aux states), no bias
+        on `fc`, no norm before or inside `fc`."""
         cfg = model.cfg
-
-        def q8(m: nn.Module) -> bool:
-            return isinstance(m, LowBitLinear) and m.kind == "q8" and m.bias is None
-        return (q8(model.lm_head) and (not cfg.use_aux_hidden_state or q8(model.fc))
-                and not cfg.norm_before_fc and not cfg.fc_norm
-                and model.embed_tokens.weight.dtype == torch.float32)
+        return (FusedDecoder.drafts_in_one_call(model)
+                and (not cfg.use_aux_hidden_state or _q8(model.fc))
+                and not cfg.norm_before_fc and not cfg.fc_norm)
 
     def extend(self, model: nn.Module, tokens: torch.Tensor, features: torch.Tensor,
                start: int, kv: torch.Tensor, topk: int
@@ -207,6 +216,21 @@ class FusedDecoder:
             self.heads, self.kv_heads, self.eps, self.final_norm, model.cfg.norm_output,
             model.lm_head.codes, model.lm_head.scales, model.lm_head.out_features, model.d2t,
             topk))
+
+    def draft(self, model: nn.Module, tokens: torch.Tensor, hidden: torch.Tensor,
+              position: int, start: int, kv: torch.Tensor, visible: torch.Tensor, topk: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A head's draft decode step as one C++ call (heads that `drafts`): the frontier's
+        tokens [K] and recycled hidden [K, H], all at `position`, written to rows [start,
+        start + K) of the head's one-row cache (`kv` = `KVCache.data`), each seeing what
+        visible [K, start + K] bool allows -> (each row's top-k probabilities [K, k], their
+        target ids [K, k], the recycled hidden [K, H]). `draft.decode_children` is the
+        reference, with the same bits."""
+        return tuple(cpu_lowbit.load().head_draft(
+            tokens, hidden, model.embed_tokens.weight, model.rope.cos, model.rope.sin, position,
+            kv, start, visible, self.weights, self.heads, self.kv_heads, self.eps,
+            self.final_norm, model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
+            model.lm_head.out_features, model.d2t, topk))
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
         """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
