@@ -7,8 +7,9 @@ Answers the first turns of `--limit` prompts with plain decoding, then with EAGL
 head, `--tree`), and times every call of the engine's steps while they run: the whole iteration,
 the draft, the tree (with the context's chain), the target's forward, acceptance and commit, the
 packed read, the stop rules, the head's extend (one C++ call, or its forward and top-k), its
-later draft decode steps (one C++ call each, or its forward), and the kernels under them (the fused layers, the low-bit products); sampled (`--temperature`), also
-the sampling distribution, the draw and the sampled tree acceptance. Each step is wrapped in a
+later draft decode steps (one C++ call each, or its forward), and the kernels under them (the
+fused layers, the low-bit products); sampled (`--temperature`), also the sampling
+distribution, the draw and the sampled tree acceptance. Each step is wrapped in a
 timer for this process only, so a figure includes its wrapper's ~1 us and its callees. Prints
 microseconds per call, calls and microseconds per iteration (per token for plain decoding) as a
 table, then as JSON. Not a test: timings depend on the machine and its load; compare steps

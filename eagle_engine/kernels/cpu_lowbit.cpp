@@ -975,8 +975,9 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
 // past the committed length), written to cache rows [start, start + K) and seeing what visible
 // [K, start + K] bool allows (the committed rows, each node's ancestors, itself), the lm_head
 // on every row, then each row's top-k of its softmax, mapped to target ids. Called from Python
-// as ~30 small steps, this cost ~0.7-0.9 ms a draft step on a 2-core AVX2 CPU (docs/results.md,
-// section 32). Returns [top-k probabilities [K, k] float32, their target ids [K, k] int64, the
+// as ~30 small steps, a level took ~0.4 ms more on a 2-core AVX2 CPU, and k3 s2 n6 decoded 2.2%
+// slower (docs/results.md, section 32); most of a level is its products, whose codes come from
+// memory. Returns [top-k probabilities [K, k] float32, their target ids [K, k] int64, the
 // recycled hidden [K, H]].
 std::vector<at::Tensor> head_draft(at::Tensor tokens, at::Tensor hidden, at::Tensor embedding,
                                    at::Tensor cos, at::Tensor sin, int64_t position,
