@@ -902,6 +902,14 @@ std::vector<at::Tensor> fused_decoder(at::Tensor h, at::Tensor embeds, at::Tenso
   return {h, aux, normed};
 }
 
+// The number of tokens a head step runs over: tokens must be a non-empty 1-D int64 tensor.
+static int64_t token_rows(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) > 0,
+              "tokens must be a non-empty 1-D int64 tensor, got ", tokens.scalar_type(), " ",
+              tokens.sizes());
+  return tokens.size(0);
+}
+
 // An EAGLE-3 head's layers and lm_head over T rows, the common part of `head_extend` and
 // `head_draft`: h [T, H] (after `fc`, or the recycled hidden), the rows' tokens [T], their RoPE
 // rows cos / sin [T, head_dim], cache rows [start, start + T), visible [T, start + T] bool
@@ -945,10 +953,7 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
                                     int64_t kv_heads, double eps, at::Tensor final_norm,
                                     bool norm_output, at::Tensor lm_codes, at::Tensor lm_scales,
                                     int64_t vocab, at::Tensor d2t, int64_t topk) {
-  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) > 0,
-              "tokens must be a non-empty 1-D int64 tensor, got ", tokens.scalar_type(), " ",
-              tokens.sizes());
-  const int64_t T = tokens.size(0), H = final_norm.numel();
+  const int64_t T = token_rows(tokens), H = final_norm.numel();
   TORCH_CHECK(features.dim() == 2 && features.size(0) == T, "features must be [", T,
               ", width], got ", features.sizes());
   TORCH_CHECK(start >= 0 && start + T <= cos.size(0), "rows [", start, ", ", start + T,
@@ -986,10 +991,7 @@ std::vector<at::Tensor> head_draft(at::Tensor tokens, at::Tensor hidden, at::Ten
                                    int64_t kv_heads, double eps, at::Tensor final_norm,
                                    bool norm_output, at::Tensor lm_codes, at::Tensor lm_scales,
                                    int64_t vocab, at::Tensor d2t, int64_t topk) {
-  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) > 0,
-              "tokens must be a non-empty 1-D int64 tensor, got ", tokens.scalar_type(), " ",
-              tokens.sizes());
-  const int64_t K = tokens.size(0), H = final_norm.numel();
+  const int64_t K = token_rows(tokens), H = final_norm.numel();
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == K && hidden.size(1) == H,
               "hidden must be [", K, ", ", H, "], got ", hidden.sizes());
   TORCH_CHECK(position >= 0 && position < cos.size(0), "position ", position,
