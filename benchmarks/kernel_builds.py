@@ -10,10 +10,10 @@ adds `--compare-flags` (`-DLOWBIT_IN_ORDER=0`: the integer sums free to be reass
 `-DLOWBIT_PREFETCH_BYTES=0`: no prefetch hints; `-mno-avx512vnni`: the AVX2 products on a VNNI
 CPU), through `bench.run_modes` (conversations, the order rotated per question). Before each
 answer the engine's kernels are pointed at that system's build, so every system shares the
-weights and caches; each EAGLE-3 answer is compared with plain decoding of its own build. Prints `bench`'s figures per system as JSON, with each
-system's speedup against plain decoding of its build (`benchmarks/lowbit_kernels.py
---compare-flags` times the products alone). Not a test: timings depend on the machine and its
-load.
+weights and caches; each EAGLE-3 answer is compared with plain decoding of its own build.
+Prints `bench`'s figures per system as JSON, with each system's speedup against plain decoding
+of its build (`benchmarks/lowbit_kernels.py --compare-flags` times the products alone). Not a
+test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
