@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     steps = set(args.steps.split(","))
-    if not steps or steps - {"extend", "draft"}:
+    if steps - {"extend", "draft"}:
         raise SystemExit(f"--steps takes extend and/or draft, got {args.steps!r}")
     engine = EagleEngine.load(EngineConfig(weights="q4"))
     if not engine.heads[DEFAULT_HEAD].fused.extends:
