@@ -12,8 +12,9 @@ of `weight_formats.py`'s. `--streamed` also times what a forward reads: 30 disti
 the layer's linears and the lm_head one after the other (~96 MB, so each comes from memory),
 median milliseconds of 7 passes. `--compare-flags` also builds the kernels with those compiler
 flags added (`-mno-avx512vnni`: the AVX2 products on a VNNI CPU; `-DLOWBIT_PREFETCH_BYTES=0`:
-no prefetch hints) and times both builds in alternating rounds, after checking that they give
-the same bits. Prints JSON with the CPU's vector flags.
+no prefetch hints; `-DLOWBIT_TILE6=0`: 5 or 6 rows as a tile of 4 and one of 1 or 2) and times
+both builds in alternating rounds, after checking that they give the same bits. Prints JSON
+with the CPU's vector flags.
 """
 from __future__ import annotations
 

@@ -309,7 +309,7 @@ LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int6
 // the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster, docs/results.md
 // section 22; -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join the 4 before
 // them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of them (5 and 6
-// rows' products 6-13% faster on the AVX2 EPYC, section 33; -DLOWBIT_TILE6=0 builds without).
+// rows' products 3-13% faster on the AVX2 EPYC, section 33; -DLOWBIT_TILE6=0 builds without).
 #ifndef LOWBIT_TILE6
 #define LOWBIT_TILE6 1
 #endif
