@@ -8,7 +8,7 @@
 //   q8: codes [N, K] int8 and scales [N, K/32] float16: w = dw * c (a Q8_0 block).
 // Scales are float16 as in the GGUF (F16C widens 8 at a time): a q4 block reads 20 bytes, not 24.
 // The activations are quantized per row and block to int8 (see "int8 activations" below) and
-// each weight block is multiplied in integers, once per tile of up to 4 activation rows; every
+// each weight block is multiplied in integers, once per tile of activation rows (`product`); every
 // output is summed in the same order whatever the number of rows or the tile it falls in, so
 // row r of a call equals that row computed alone, bit for bit (a tree verify gives the numbers
 // of one-token decodes). The columns are split over ATen's threads. The kernels need AVX2, FMA
@@ -309,7 +309,8 @@ LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int6
 // the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster, docs/results.md
 // section 22; -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join the 4 before
 // them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of them (5 and 6
-// rows' products 3-13% faster on the AVX2 EPYC, section 33; -DLOWBIT_TILE6=0 builds without).
+// rows' products ~8% faster at the median on the AVX2 EPYC, section 33; -DLOWBIT_TILE6=0 builds
+// without).
 #ifndef LOWBIT_TILE6
 #define LOWBIT_TILE6 1
 #endif
