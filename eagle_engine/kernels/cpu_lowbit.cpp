@@ -294,7 +294,7 @@ void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_
   }
 }
 
-// the last `left` rows (at most R), after the full tiles, as one tile
+// the last `left` rows (at most R, none when 0), after the full tiles, as one tile
 template <int R, bool kQ4>
 LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g,
                              int64_t m0, int64_t left) {
@@ -325,8 +325,7 @@ void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t
       for (; m + 8 <= M; m += 8) group_rows<8>(w, a, y, N, g, m);
 #endif
       for (; M - m > kLast; m += 4) group_rows<4>(w, a, y, N, g, m);
-      if (M - m == 4) group_rows<4>(w, a, y, N, g, m);
-      else rows_left<kLast>(w, a, y, N, g, m, M - m);
+      rows_left<kLast>(w, a, y, N, g, m, M - m);
     }
   });
 }
