@@ -76,21 +76,27 @@ def test_kernels_equal_the_dequantized_product(kind: str, n: int, k: int) -> Non
     assert torch.equal(together, alone)  # a row's bits do not depend on the other rows
 
 
-@pytest.mark.skipif("avx512_vnni" not in cpu_flags(), reason="one product path on this CPU")
 def test_vnni_products_give_the_avx2_bits() -> None:
     """Where the CPU has AVX512-VNNI the kernels use `vpdpbusd`; built without it they take
-    the AVX2 path. Both sum the same integers, so every output has the same bits."""
-    avx2 = cpu_lowbit.load(("-mno-avx512vnni",))
+    the AVX2 path. Both sum the same integers, so every output has the same bits. A CPU without
+    VNNI runs the VNNI path with an exact AVX2 `vpdpbusd` (-DLOWBIT_EMULATE_VNNI)."""
+    if "avx512_vnni" in cpu_flags():
+        vnni, avx2 = cpu_lowbit.load(), cpu_lowbit.load(("-mno-avx512vnni",))
+    else:
+        vnni, avx2 = cpu_lowbit.load(("-DLOWBIT_EMULATE_VNNI",)), cpu_lowbit.load()
     g = torch.Generator().manual_seed(7)
     for kind, n, k in (("q4", 136, 1536), ("q8", 72, 576)):
         weight = torch.randn(n, k, generator=g)
         packed = getattr(cpu_lowbit, f"pack_{kind}")(
             *(quantize_q4(weight) if kind == "q4" else quantize_q8(weight)))
         x = torch.randn(9, k, generator=g) * 3
-        for m in (1, 4, 9):
-            got = getattr(cpu_lowbit.load(), f"{kind}_linear")(x[:m].contiguous(), *packed, n)
+        for m in (1, 4, 5, 9):
+            got = getattr(vnni, f"{kind}_linear")(x[:m].contiguous(), *packed, n)
             want = getattr(avx2, f"{kind}_linear")(x[:m].contiguous(), *packed, n)
             assert torch.equal(got, want), (kind, m)
+        reference = getattr(cpu_lowbit, f"{kind}_linear_reference")
+        torch.testing.assert_close(got, reference(x, *getattr(cpu_lowbit, f"unpack_{kind}")(
+            *packed, n)), rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_refuse_bad_input_naming_it() -> None:

@@ -61,6 +61,8 @@ constexpr int64_t kGroup = 32;
 // on one long chain; q8 multiplies the codes shifted to unsigned, c + 128, once for all rows,
 // and takes 128 * sum(q) back off, where the AVX2 path moves each code's sign onto every row's
 // activations). Both paths sum the same integers exactly, so they give the same bits.
+// -DLOWBIT_EMULATE_VNNI builds the VNNI path with an exact AVX2 `vpdpbusd`, so that a CPU
+// without VNNI tests it too (tests/test_cpu_lowbit.py).
 // Every output lane sums its blocks in order, so each row gets the same bits whatever the
 // number of rows in the call or the tile it falls in.
 
@@ -158,6 +160,15 @@ LOWBIT_INLINE __m256i in_order(__m256i v) {
 constexpr bool kVnni = true;
 LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
   return _mm256_dpbusd_epi32(acc, u, s);
+}
+#elif defined(LOWBIT_EMULATE_VNNI)  // the VNNI path on a CPU without it, for its test
+constexpr bool kVnni = true;
+LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {  // vpdpbusd's exact sums
+  // bytes 0 and 2, then 1 and 3, of each lane widened to int16 (u unsigned, s signed)
+  const __m256i even = _mm256_madd_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0xff)),
+                                         _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8));
+  const __m256i odd = _mm256_madd_epi16(_mm256_srli_epi16(u, 8), _mm256_srai_epi16(s, 8));
+  return _mm256_add_epi32(acc, _mm256_add_epi32(even, odd));
 }
 #else
 constexpr bool kVnni = false;
