@@ -51,17 +51,16 @@ def mean_us(fn: Callable[[], object], repeats: int) -> float:
 
 
 def commit_kernels(rev: str) -> ModuleType:
-    """`eagle_engine.kernels.cpu_lowbit` as of git revision `rev`, its sources in a temporary
-    folder; its `load()` builds them into their own cache folder."""
+    """`eagle_engine.kernels.cpu_lowbit` as of git revision `rev`, its sources (those of today's
+    `SOURCES` and `HEADERS`) in a temporary folder; its `load()` builds them into their own
+    cache folder."""
     folder = Path(tempfile.mkdtemp(prefix="lowbit-"))
-    files = {"cpu_lowbit.py": "cpu_lowbit_base.py", "cpu_lowbit.cpp": "cpu_lowbit_base.cpp",
-             "cpu_step.cpp": "cpu_step.cpp", "cpu_vec.h": "cpu_vec.h"}
-    for source, name in files.items():
-        (folder / name).write_bytes(subprocess.run(
-            ["git", "show", f"{rev}:eagle_engine/kernels/{source}"], check=True,
+    for path in [Path(cpu_lowbit.__file__), *cpu_lowbit.SOURCES, *cpu_lowbit.HEADERS]:
+        (folder / path.name).write_bytes(subprocess.run(
+            ["git", "show", f"{rev}:eagle_engine/kernels/{path.name}"], check=True,
             capture_output=True).stdout)
     spec = importlib.util.spec_from_file_location("eagle_engine.kernels.cpu_lowbit_base",
-                                                  folder / "cpu_lowbit_base.py")
+                                                  folder / Path(cpu_lowbit.__file__).name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -79,11 +78,10 @@ def main() -> None:
                     help="a git revision whose kernels and packing to time beside this one")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    packing = {"default": cpu_lowbit}  # the module whose pack_q4 / pack_q8 each build reads
+    packing = {}  # a build's module for pack_q4 / pack_q8 where it is not today's
     builds = {"default": cpu_lowbit.load()}
     if args.compare_flags:
         builds[args.compare_flags] = cpu_lowbit.load(tuple(args.compare_flags.split()))
-        packing[args.compare_flags] = cpu_lowbit
     if args.compare_commit:
         base = commit_kernels(args.compare_commit)
         builds[args.compare_commit] = base.load((f"-DLOWBIT_COMMIT={args.compare_commit}",))
@@ -92,9 +90,9 @@ def main() -> None:
     natural = [(n, k, quantize_q4(torch.randn(n, k, generator=g))) for n, k in LAYER]
     n, k = LM_HEAD
     head_codes = quantize_q8(torch.randn(n, k, generator=g))
-    layers = {key: [(nn, kk, packing[key].pack_q4(*codes)) for nn, kk, codes in natural]
-              for key in builds}
-    heads = {key: packing[key].pack_q8(*head_codes) for key in builds}
+    layers = {key: [(nn, kk, packing.get(key, cpu_lowbit).pack_q4(*codes))
+                    for nn, kk, codes in natural] for key in builds}
+    heads = {key: packing.get(key, cpu_lowbit).pack_q8(*head_codes) for key in builds}
     report: dict = {"cpu_flags": cpu_flags(), "threads": args.threads,
                     **{key: {"layer_us": {}, "lm_head_us": {}, "streamed_ms": {}}
                        for key in builds}}
