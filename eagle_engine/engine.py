@@ -1,7 +1,7 @@
 """The engine: loads a target with its EAGLE-3 heads and sequences the phases of one request.
 
-    prefill -> extend -> [ draft (+ the context's chain) -> build_tree -> verify -> accept
-                           -> commit -> read_back -> extend ]*
+    prefill -> first event -> extend -> [ draft (+ the context's chain) -> build_tree -> verify -> accept
+                                          -> commit -> read_back -> extend ]*
 
 `stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
 mode) and `generate()` consumes it. An iteration syncs with the device once: `read_back` copies
@@ -330,9 +330,11 @@ class Run:
         if self.draft_model is None:
             yield from self._baseline(root, spans, finished)
             return
+        yield self.event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
+        # the head reads the prompt once its first token is out; also after a one-token answer,
+        # so that the prefix cache keeps the head's rows for the next turn
         state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
         self.draft_rows = state.seq_len
-        yield self.event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
         while not finished:
             if self.context_full(state.seq_len):
                 yield self.event([], "context", {})

@@ -5,7 +5,7 @@ One `step`:
 
     leave    cancelled requests leave (their committed rows go to the prefix cache)
     admit    waiting requests join while there is room: each prefills alone (restoring what the
-             prefix cache holds of its prompt) and runs its draft extend over the prompt
+             prefix cache holds of its prompt)
     context  a request whose next step would pass the context window ends ("context")
     draft    per head, one draft forward per tree level over every EAGLE-3 request's frontier
     verify   one target forward over every running request's rows: its tree, or its one token
@@ -13,10 +13,13 @@ One `step`:
     accept   per request, on the device (greedy, or sampling with the request's own generator),
              then the KV commit of its accepted path
     read     the step's one host read: a single packed copy of every request's results
-             (and the first token of every request admitted in this step)
+             (and the first token of every request admitted in this step, which goes out at
+             once)
     extend   per head, one draft forward over every continuing request's accepted tokens
     emit     an event per request (`StepEvent.batch`: how many requests shared the step);
              finished requests leave, leaving their rows in the prefix cache
+    prompts  each request admitted in this step runs its draft extend over the prompt, alone,
+             now that its first token is out
 
 Requests join and leave only between steps. Each owns its caches, sized to what it can use
 (its prompt, `max_new_tokens` and its tree, at most the context window), and the batched
@@ -51,7 +54,8 @@ from .batch_phases import decode_rows, draft_many, extend_many, target_many, tre
 from .config import ConfigError, SamplingParams, TreeParams
 from .engine import EagleEngine, Run
 from .events import StepEvent
-from .io_struct import EagleDraftInput, EagleVerifyInput, EagleVerifyOutput, VerifyReadback
+from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
+                        EagleVerifyOutput, VerifyReadback)
 from .sampling import next_token
 from .verify import TreeLogits
 
@@ -107,6 +111,7 @@ class _Active:
     state: EagleDraftInput | None = None  # EAGLE-3: the next draft's input
     token: torch.Tensor | None = None  # plain decoding: the last token [1], not yet in the cache
     root: torch.Tensor | None = None  # admitted this step: its first token [1], not yet read
+    ext: EagleDraftExtendInput | None = None  # admitted this step: its head's prompt extend
 
 
 @dataclass(slots=True, eq=False)
@@ -247,8 +252,7 @@ class Scheduler:
         root, ext = run.prefill()
         req = _Active(p.handle, run, n, root=root)
         if run.draft_model is not None:
-            req.state = extend(run.draft_model, ext, run.draft_cache, p.tree.topk)
-            run.draft_rows = req.state.seq_len
+            req.ext = ext  # run once the step's tokens are out (`_extend_prompts`)
         else:
             req.token = root
         return req
@@ -290,7 +294,8 @@ class Scheduler:
             parts.append(r.token.double())
         flat = torch.cat(parts).tolist()  # the step's one host sync
         t2 = time.perf_counter()
-        at = self._read_admitted(admitted, flat, step)
+        firsts = self._read_admitted(admitted, flat, step)
+        at = len(firsts)
         for it in eagle:
             it.got = parse_readback(flat[at:at + it.read_size], it.vin, it.vout,
                                     it.req.run.trace)
@@ -303,15 +308,32 @@ class Scheduler:
             spans, finished = r.run.after_decode(int(tok))
             ev = r.run.event(spans, finished, {"decode": (t3 - t0) * 1000}, batch=step.batch)
             self._deliver(r, ev)
+        self._extend_prompts(admitted, firsts)
 
-    def _read_admitted(self, admitted: list[_Active], flat: list[float], step: _Step) -> int:
+    def _read_admitted(self, admitted: list[_Active], flat: list[float], step: _Step
+                       ) -> list[StepEvent]:
+        """Every admitted request's first token goes out at once -> their first events."""
+        events = []
         for req, root in zip(admitted, flat):
             req.root = None
             spans, finished = req.run.after_prefill(int(root))
-            self._deliver(req, req.run.event(spans, finished,
-                                             {"prefill": req.run.stats.prefill_s * 1000},
-                                             batch=step.batch))
-        return len(admitted)
+            events.append(req.run.event(spans, finished,
+                                        {"prefill": req.run.stats.prefill_s * 1000},
+                                        batch=step.batch))
+            req.handle.put(events[-1])
+        return events
+
+    def _extend_prompts(self, admitted: list[_Active], firsts: list[StepEvent]) -> None:
+        """Once every token of the step is out, each admitted request's head reads its prompt
+        (also after a one-token answer, so that the prefix cache keeps the head's rows); a
+        request that ended at its first token then leaves."""
+        for req, ev in zip(admitted, firsts):
+            run = req.run
+            if req.ext is not None:
+                req.state = extend(run.draft_model, req.ext, run.draft_cache, run.tree.topk)
+                run.draft_rows, req.ext = req.state.seq_len, None
+            if ev.finished:
+                self._finish(req, None)
 
     def _finish_eagle(self, eagle: list[_Iteration], step: _Step) -> None:
         """Stop rules, then one batched draft extend per head for the requests going on."""

@@ -8,13 +8,16 @@ fused decoder equals the Python layers (its reference); an engine with q4 weight
 speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
 every commit; bad input is refused with the values named. On a CPU with AVX512-VNNI the
 `vpdpbusd` products give the bits of the AVX2 products (the same kernels built without VNNI). A build lock left by a killed build
-is removed at the next start, and a live build is waited for.
+is removed at the next start, and a live build is waited for. A product lets other Python
+threads run while it computes.
 """
 from __future__ import annotations
 
 import fcntl
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,33 @@ def test_kernels_equal_the_dequantized_product(kind: str, n: int, k: int) -> Non
     together = kernel(x, *packed, n)
     alone = torch.cat([kernel(x[i:i + 1].contiguous(), *packed, n) for i in range(16)])
     assert torch.equal(together, alone)  # a row's bits do not depend on the other rows
+
+
+def test_products_let_other_threads_run() -> None:
+    """A product lets go of Python's lock while it runs: another thread keeps running Python
+    code (the web server streams while the engine computes). Held, that thread would stop for
+    the whole call."""
+    kernel = cpu_lowbit.load().q8_linear
+    g = torch.Generator().manual_seed(7)
+    packed = cpu_lowbit.pack_q8(*quantize_q8(torch.randn(16384, 576, generator=g)))
+    x = torch.randn(512, 576, generator=g)  # a call of ~0.1 s on 2 cores
+    t0 = time.perf_counter()
+    kernel(x, *packed, 16384)
+    call_s = time.perf_counter() - t0
+    done = threading.Event()
+
+    def products() -> None:
+        for _ in range(3):
+            kernel(x, *packed, 16384)
+        done.set()
+    worker = threading.Thread(target=products)
+    longest, last = 0.0, time.perf_counter()
+    worker.start()
+    while not done.is_set():  # this thread's longest pause while the products run
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert call_s > 0.02 and longest < call_s / 2, (call_s, longest)
 
 
 def test_vnni_products_give_the_avx2_bits() -> None:

@@ -101,6 +101,30 @@ def test_stats_time_is_the_engines_not_the_callers(engine: EagleEngine) -> None:
         assert wall >= held and last.stats["elapsed_s"] < wall - 0.9 * held, (head, wall, held)
 
 
+def test_first_token_goes_out_before_the_head_reads_the_prompt(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefill's event reaches the caller before the draft extend over the prompt runs;
+    a one-token answer still runs that extend after its event (the prefix cache keeps the
+    head's rows for the next turn)."""
+    tree = TreeParams(2, 2, 4)
+    phases = engine.phases("aux", tree)
+    events: list = []
+    seen_at: list[int] = []  # events out when each extend began
+
+    def extend(*args):  # noqa: ANN002, ANN202
+        seen_at.append(len(events))
+        return phases.extend(*args)
+    monkeypatch.setattr(engine, "phases", lambda head, t: replace(phases, extend=extend))
+    for n in (1, 6):
+        events.clear()
+        seen_at.clear()
+        for ev in engine.stream(PROMPTS[0], SamplingParams(max_new_tokens=n, ignore_eos=True),
+                                tree, "aux"):
+            events.append(ev)
+        assert seen_at[0] == 1, seen_at  # the prompt's extend: after the first event
+        assert len(seen_at) == len(events) - (n > 1), (n, seen_at)  # one a step but the last
+
+
 class Oracle:
     """Wraps the phases of one request (see the module docstring); `tokens` is the committed
     sequence followed by the current root, rebuilt from what the engine feeds `extend`."""

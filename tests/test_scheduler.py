@@ -165,6 +165,31 @@ def test_one_host_read_per_step(engine: EagleEngine) -> None:
     assert counted > 5 and all(list(h.events()) for h in handles)
 
 
+def test_first_token_goes_out_before_the_head_reads_the_prompt(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admitted request's first event is in its handle before its draft extend over the
+    prompt runs, also for a one-token answer; the answers stay their solo answers."""
+    import eagle_engine.scheduler as sched
+
+    requests = mixed_requests(4)
+    requests[3] = (requests[3][0], SamplingParams(max_new_tokens=1, ignore_eos=True),
+                   *requests[3][2:])
+    scheduler = Scheduler(engine, max_batch=4)
+    handles = [scheduler.submit(*r) for r in requests]
+    waiting = []  # per prompt extend: the events already in its request's handle
+    real = sched.extend
+
+    def extend(model, ext, cache, topk):  # noqa: ANN001, ANN202
+        owner = next(h for h, r in zip(handles, requests) if len(r[0]) == ext.seq_len + len(
+            ext.tokens) and r[3] is not None)
+        waiting.append(owner._queue.qsize())
+        return real(model, ext, cache, topk)
+    monkeypatch.setattr(sched, "extend", extend)
+    scheduler.run_until_idle()
+    assert waiting == [1, 1, 1], waiting  # three EAGLE-3 requests, one of them one token long
+    assert [tokens(list(h.events())) for h in handles] == solo(engine, requests)
+
+
 def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     import eagle_engine.scheduler as sched

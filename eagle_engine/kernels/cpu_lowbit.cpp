@@ -1034,11 +1034,17 @@ std::vector<at::Tensor> head_draft(at::Tensor tokens, at::Tensor hidden, at::Ten
 
 void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same module
 
+// The products and the layers let go of Python's lock while they run (they touch no Python
+// object; pybind11 converts the arguments before and the results after): a prefill or a verify
+// holds up no other thread, such as the web server streaming the first token of an answer while
+// the head reads the prompt. The per-iteration steps of cpu_step.cpp take microseconds and keep
+// the lock.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using unlocked = pybind11::call_guard<pybind11::gil_scoped_release>;
   register_step(m);
-  m.def("q4_linear", &q4_linear, "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
-  m.def("q8_linear", &q8_linear, "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
-  m.def("fused_decoder", &fused_decoder, "fused q4 target / q8 head layers over the rows of one or more sequences");
-  m.def("head_extend", &head_extend, "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
-  m.def("head_draft", &head_draft, "an EAGLE-3 head's q8 draft decode step: layers, lm_head, each row's top-k");
+  m.def("q4_linear", &q4_linear, unlocked(), "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
+  m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
+  m.def("fused_decoder", &fused_decoder, unlocked(), "fused q4 target / q8 head layers over the rows of one or more sequences");
+  m.def("head_extend", &head_extend, unlocked(), "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
+  m.def("head_draft", &head_draft, unlocked(), "an EAGLE-3 head's q8 draft decode step: layers, lm_head, each row's top-k");
 }
