@@ -1,7 +1,8 @@
 """The engine: loads a target with its EAGLE-3 heads and sequences the phases of one request.
 
-    prefill -> first event -> extend -> [ draft (+ the context's chain) -> build_tree -> verify -> accept
-                                          -> commit -> read_back -> extend ]*
+    prefill -> first event -> read_prompt (the context's suffix index, the head's extend)
+            -> [ draft (+ the context's chain) -> build_tree -> verify -> accept -> commit
+                 -> read_back -> extend ]*
 
 `stream()` is the one loop; it yields a `StepEvent` per iteration (or per token in baseline
 mode) and `generate()` consumes it. An iteration syncs with the device once: `read_back` copies
@@ -301,9 +302,18 @@ class Run:
     def after_prefill(self, root: int) -> tuple[list[TokenSpan], str | None]:
         spans, finished = self._emit([root], ["target"], [0])
         self.stats.prefill_s = time.perf_counter() - self.t_start
-        if self.draft_model is not None and self.tree.context_drafts:  # after the prefill's time
-            self.context = ContextIndex(self.prompt + [root])
         return spans, finished
+
+    def read_prompt(self, ext: EagleDraftExtendInput) -> EagleDraftInput:
+        """Once the first token is out: the context's suffix index over the prompt and that
+        token (with context drafts), and the head's draft extend over the prompt -> the first
+        draft's input. Also after a one-token answer, so that the prefix cache keeps the
+        head's rows for the next turn."""
+        if self.tree.context_drafts:
+            self.context = ContextIndex(self.tokens)
+        state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
+        self.draft_rows = state.seq_len
+        return state
 
     def context_full(self, seq_len: int) -> bool:
         """Whether the next step would write past the context window."""
@@ -331,10 +341,7 @@ class Run:
             yield from self._baseline(root, spans, finished)
             return
         yield self.event(spans, finished, {"prefill": self.stats.prefill_s * 1000})
-        # the head reads the prompt once its first token is out; also after a one-token answer,
-        # so that the prefix cache keeps the head's rows for the next turn
-        state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
-        self.draft_rows = state.seq_len
+        state = self.read_prompt(ext)
         while not finished:
             if self.context_full(state.seq_len):
                 yield self.event([], "context", {})

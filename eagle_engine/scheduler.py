@@ -18,8 +18,8 @@ One `step`:
     extend   per head, one draft forward over every continuing request's accepted tokens
     emit     an event per request (`StepEvent.batch`: how many requests shared the step);
              finished requests leave, leaving their rows in the prefix cache
-    prompts  each request admitted in this step runs its draft extend over the prompt, alone,
-             now that its first token is out
+    prompts  each EAGLE-3 request admitted in this step reads its prompt, alone, now that its
+             first token is out: the context's suffix index and its head's draft extend
 
 Requests join and leave only between steps. Each owns its caches, sized to what it can use
 (its prompt, `max_new_tokens` and its tree, at most the context window), and the batched
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accept import extend, parse_readback, readback_parts
+from .accept import parse_readback, readback_parts
 from .batch_phases import decode_rows, draft_many, extend_many, target_many, tree_rows
 from .config import ConfigError, SamplingParams, TreeParams
 from .engine import EagleEngine, Run
@@ -324,14 +324,11 @@ class Scheduler:
         return events
 
     def _extend_prompts(self, admitted: list[_Active], firsts: list[StepEvent]) -> None:
-        """Once every token of the step is out, each admitted request's head reads its prompt
-        (also after a one-token answer, so that the prefix cache keeps the head's rows); a
-        request that ended at its first token then leaves."""
+        """Once every token of the step is out, each admitted EAGLE-3 request reads its prompt
+        (`Run.read_prompt`); a request that ended at its first token then leaves."""
         for req, ev in zip(admitted, firsts):
-            run = req.run
             if req.ext is not None:
-                req.state = extend(run.draft_model, req.ext, run.draft_cache, run.tree.topk)
-                run.draft_rows, req.ext = req.state.seq_len, None
+                req.state, req.ext = req.run.read_prompt(req.ext), None
             if ev.finished:
                 self._finish(req, None)
 

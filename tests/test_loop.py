@@ -103,25 +103,36 @@ def test_stats_time_is_the_engines_not_the_callers(engine: EagleEngine) -> None:
 
 def test_first_token_goes_out_before_the_head_reads_the_prompt(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The prefill's event reaches the caller before the draft extend over the prompt runs;
-    a one-token answer still runs that extend after its event (the prefix cache keeps the
-    head's rows for the next turn)."""
+    """The prefill's event reaches the caller before the context's suffix index is built and
+    the draft extend over the prompt runs; a one-token answer still runs both after its event
+    (the prefix cache keeps the head's rows for the next turn)."""
+    import eagle_engine.engine as engine_mod
+
     tree = TreeParams(2, 2, 4)
+    assert tree.context_drafts
     phases = engine.phases("aux", tree)
     events: list = []
     seen_at: list[int] = []  # events out when each extend began
+    indexed_at: list[int] = []  # events out when the context's index was built
 
     def extend(*args):  # noqa: ANN002, ANN202
         seen_at.append(len(events))
         return phases.extend(*args)
+
+    def index(tokens: list[int]) -> engine_mod.ContextIndex:
+        indexed_at.append(len(events))
+        return real_index(tokens)
+    real_index = engine_mod.ContextIndex
     monkeypatch.setattr(engine, "phases", lambda head, t: replace(phases, extend=extend))
+    monkeypatch.setattr(engine_mod, "ContextIndex", index)
     for n in (1, 6):
         events.clear()
         seen_at.clear()
+        indexed_at.clear()
         for ev in engine.stream(PROMPTS[0], SamplingParams(max_new_tokens=n, ignore_eos=True),
                                 tree, "aux"):
             events.append(ev)
-        assert seen_at[0] == 1, seen_at  # the prompt's extend: after the first event
+        assert seen_at[0] == 1 and indexed_at == [1], (seen_at, indexed_at)  # after event 1
         assert len(seen_at) == len(events) - (n > 1), (n, seen_at)  # one a step but the last
 
 

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
-from eagle_engine.engine import EagleEngine
+from eagle_engine.engine import EagleEngine, Run
 from eagle_engine.events import StepEvent
+from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.scheduler import Handle, Scheduler
 from eagle_engine.sync_count import HostSyncs
 from tests.helpers import tiny_engine
@@ -167,24 +168,22 @@ def test_one_host_read_per_step(engine: EagleEngine) -> None:
 
 def test_first_token_goes_out_before_the_head_reads_the_prompt(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An admitted request's first event is in its handle before its draft extend over the
-    prompt runs, also for a one-token answer; the answers stay their solo answers."""
-    import eagle_engine.scheduler as sched
-
+    """An admitted request's first event is in its handle before it reads its prompt (the
+    context's index, the head's extend), also for a one-token answer; the answers stay their
+    solo answers."""
     requests = mixed_requests(4)
     requests[3] = (requests[3][0], SamplingParams(max_new_tokens=1, ignore_eos=True),
                    *requests[3][2:])
     scheduler = Scheduler(engine, max_batch=4)
     handles = [scheduler.submit(*r) for r in requests]
-    waiting = []  # per prompt extend: the events already in its request's handle
-    real = sched.extend
+    waiting = []  # per request reading its prompt: the events already in its handle
+    real = Run.read_prompt
 
-    def extend(model, ext, cache, topk):  # noqa: ANN001, ANN202
-        owner = next(h for h, r in zip(handles, requests) if len(r[0]) == ext.seq_len + len(
-            ext.tokens) and r[3] is not None)
+    def read_prompt(run: Run, ext: EagleDraftExtendInput) -> EagleDraftInput:
+        owner = handles[[r[0] for r in requests].index(run.prompt)]
         waiting.append(owner._queue.qsize())
-        return real(model, ext, cache, topk)
-    monkeypatch.setattr(sched, "extend", extend)
+        return real(run, ext)
+    monkeypatch.setattr(Run, "read_prompt", read_prompt)
     scheduler.run_until_idle()
     assert waiting == [1, 1, 1], waiting  # three EAGLE-3 requests, one of them one token long
     assert [tokens(list(h.events())) for h in handles] == solo(engine, requests)
