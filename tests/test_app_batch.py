@@ -3,6 +3,7 @@
 Over a tiny q4 engine: visitors answered together get the answers they get one at a time, each
 with its own tokens and tree, the status line says how many requests shared the steps, a
 stopped visitor's request leaves the batch, and the chat handlers' concurrency is the batch.
+A plain-speed rate measured after start-up keeps the answers observed meanwhile.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import app
 from eagle_engine import ui_render as ui
 from eagle_engine.engine import EagleEngine
+from eagle_engine.speed_estimate import PlainRate
 from tests.helpers import tiny_engine
 
 QUESTIONS = ["abc", "hello there", "what is up", "tell me a story"]
@@ -78,3 +80,23 @@ def test_chat_concurrency_is_the_batch(engine: EagleEngine) -> None:
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values()
               if fn.api_name in ("chat", "regenerate")}
     assert limits == {"chat": 4, "regenerate": 4}
+
+
+def test_a_rate_measured_after_start_keeps_the_answers_seen_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second weights' plain speed is measured on the engine thread once the UI is up
+    (`app.fill_rate`): its observations join the rate in one assignment, and a plain answer
+    observed before it ends keeps its context bucket."""
+    measured = PlainRate()
+    for prompt_len in (10, 480):
+        measured.observe(prompt_len, {"num_tokens": 33, "elapsed_s": 0.5, "prefill_s": 0.1})
+    monkeypatch.setattr(app, "measure", lambda engine: measured)
+    rate = PlainRate()
+    rate.observe(12, {"num_tokens": 5, "elapsed_s": 0.3, "prefill_s": 0.1})  # a visitor's
+    seen = dict(rate.points)
+    app.fill_rate(None, rate)
+    assert set(rate.points) == set(measured.points) and len(rate.points) == 2
+    bucket = next(iter(seen))
+    assert rate.points[bucket] == seen[bucket] != measured.points[bucket]
+    other = next(b for b in measured.points if b != bucket)
+    assert rate.points[other] == measured.points[other]
