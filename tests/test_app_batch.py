@@ -100,3 +100,15 @@ def test_a_rate_measured_after_start_keeps_the_answers_seen_meanwhile(
     assert rate.points[bucket] == seen[bucket] != measured.points[bucket]
     other = next(b for b in measured.points if b != bucket)
     assert rate.points[other] == measured.points[other]
+
+
+def test_a_failed_rate_measurement_is_logged_and_leaves_the_rate_empty(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(engine: object) -> PlainRate:
+        raise RuntimeError("injected")
+    monkeypatch.setattr(app, "measure", broken)
+    engine = type("E", (), {"config": type("C", (), {"weights_label": "fp32"})()})()
+    rate = PlainRate()
+    app.fill_rate(engine, rate)
+    assert rate.points == {} and "fp32 weights' plain speed failed" in caplog.text
+
