@@ -210,8 +210,9 @@ class EagleEngine:
 
 class Run:
     """State of one request: its caches, stats, detokenizer, generator and every token it
-    produced; the per-request halves of each phase (`prefill`, `accept`, `after_readback`,
-    `iteration_event`, `keep_prefix`) and `loop`, which sequences them for `stream`.
+    produced; the per-request halves of each phase (`prefill`, `read_prompt`, `accept`,
+    `after_readback`, `iteration_event`, `keep_prefix`) and `loop`, which sequences them for
+    `stream`.
     `cache` is the target cache it writes (the engine's for `stream`, its own under the
     scheduler); the draft cache is its own, sized like `cache` plus the draft's scratch rows
     (`eager`: always, with the eager phases; else CUDA-graph phases bring theirs)."""
