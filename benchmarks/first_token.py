@@ -70,10 +70,7 @@ def main() -> None:
             for ids, got in zip(prompts, times):
                 for name in order:
                     got[name].append(first_event_s(lambda: calls[name](ids)))
-    flags = cpu_flags()
-    result = {"cpu": " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-                              if f in flags),
-              "tree": str(tree), "rounds": args.rounds, "prompts": []}
+    result = {"cpu_flags": cpu_flags(), "tree": str(tree), "rounds": args.rounds, "prompts": []}
     for ids, got in zip(prompts, times):
         ms = {name: round(1000 * statistics.median(v), 1) for name, v in got.items()}
         result["prompts"].append({"tokens": len(ids), "median_ms": ms, "vs_plain": {

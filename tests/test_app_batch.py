@@ -104,6 +104,8 @@ def test_a_rate_measured_after_start_keeps_the_answers_seen_meanwhile(
 
 def test_a_failed_rate_measurement_is_logged_and_leaves_the_rate_empty(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A background measurement that fails says so in the log instead of vanishing in its
+    Future; the rate stays empty until the first plain answer."""
     def broken(engine: object) -> PlainRate:
         raise RuntimeError("injected")
     monkeypatch.setattr(app, "measure", broken)
@@ -111,4 +113,3 @@ def test_a_failed_rate_measurement_is_logged_and_leaves_the_rate_empty(
     rate = PlainRate()
     app.fill_rate(engine, rate)
     assert rate.points == {} and "fp32 weights' plain speed failed" in caplog.text
-
