@@ -16,7 +16,9 @@ more accepted token, for one more node in the tree (a chain past it could add mo
 often as its first token is right). Prints, as JSON: iterations, tau, iterations that stopped at
 depth 1, and the hits below the top head candidate and below any head candidate, split by
 whether the tree already held a child of c (the context's own chain along c), so tau's upper
-gain is hits / iterations. Not a timing: tau and hits do not depend on the machine.
+gain is hits / iterations; and, per rank of the head's candidates, the share of iterations
+whose path went through it (what a candidate the new node displaced was worth). Not a timing:
+tau and hits do not depend on the machine.
 """
 from __future__ import annotations
 
@@ -46,14 +48,17 @@ def score_iteration(index: ContextIndex, ev: StepEvent, counts: dict) -> None:
     """Count one iteration (its traced tree, its emitted tokens) against the index as it stood
     before it."""
     accepted = [t for t in ev.tokens if t.kind != "bonus"]
+    nodes: list[TreeNode] = ev.tree  # root first
+    heads = sorted((i for i, n in enumerate(nodes) if n.depth == 1 and n.source != "context"),
+                   key=lambda i: -nodes[i].score)  # the head's candidates, the likeliest first
+    c = accepted[0].token_id if accepted else None
+    at = next((i for i in heads if nodes[i].token_id == c), None)
+    if at is not None:  # what a head candidate of each rank is worth at depth 1
+        rank = heads.index(at) + 1
+        counts["depth_1_by_head_rank"][rank] = counts["depth_1_by_head_rank"].get(rank, 0) + 1
     if len(accepted) != 1 or len(ev.tokens) != 2:
         return  # the path did not end at depth 1, or the answer ended here
     counts["stopped_at_depth_1"] += 1
-    nodes: list[TreeNode] = ev.tree  # root first
-    heads = sorted((i for i, n in enumerate(nodes) if n.depth == 1 and n.source != "context"),
-                   key=lambda i: -nodes[i].score)
-    c = accepted[0].token_id
-    at = next((i for i in heads if nodes[i].token_id == c), None)
     if at is None:
         return  # the context's chain alone drafted it
     match_len, token = proposal_after(index, c)
@@ -80,7 +85,7 @@ def main() -> None:
     empty = {"with a child in the tree": 0, "without a child": 0}
     counts = {"iterations": 0, "tokens": 0, "stopped_at_depth_1": 0,
               "hits": {"below the top candidate": dict(empty), "below any": dict(empty)},
-              "by_match_length": {}}
+              "by_match_length": {}, "depth_1_by_head_rank": {}}
     for i, row in enumerate(load_rows(args.prompts, args.limit)):
         messages: list[dict[str, str]] = []
         for turn in row["turns"]:
@@ -100,6 +105,8 @@ def main() -> None:
     counts["tau"] = round(counts.pop("tokens") / n, 3)
     counts["tau_gain_at_most"] = {where: round(sum(h.values()) / n, 3)
                                   for where, h in counts["hits"].items()}
+    counts["depth_1_by_head_rank"] = {r: round(k / n, 3) for r, k
+                                      in sorted(counts["depth_1_by_head_rank"].items())}
     counts["by_match_length"] = {m: {"hits": h, "trials": t}
                                  for m, (h, t) in sorted(counts["by_match_length"].items())}
     print(json.dumps({"tree": args.tree, **counts}, indent=1))
