@@ -40,9 +40,10 @@ CSS = ROOT / "assets" / "style.css"
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
 PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its next turn
-# A frame costs Gradio (and a browser on the same cores) tens of ms, more than an engine step
-# (docs/results.md, section 9): events within this interval share a frame.
-FRAME_INTERVAL_S = 0.1
+# A frame costs Gradio tens of ms, more than an engine step (docs/results.md, section 9), and a
+# browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
+# much as at 0.25 s (section 36). Events within this interval share a frame.
+FRAME_INTERVAL_S = 0.25
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
 

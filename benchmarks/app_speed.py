@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
+    PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
+        [--intervals 0.1,0.25]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
@@ -11,12 +13,20 @@ threads than cores, so the order matters and the script keeps it.)
 `frames`: launches the app in-process twice on 127.0.0.1, drawing a frame for every engine
 event (interval 0) and at most every `app.FRAME_INTERVAL_S`, and sends the same /chat request to
 each through `gradio_client`: seconds until the answer is complete on the client, frames
-received, and the engine's own tokens/s. Not a test: timings depend on the machine and its load.
+received, and the engine's own tokens/s.
+`browser`: launches the app in-process once per frame interval in `--intervals` and opens each
+in headless Chromium (Debian's, as the browser tests do) on the same cores, as a visitor who
+runs the app on their own machine does; then, in rounds that take the intervals in turn, types
+each of `BROWSER_PROMPTS` and presses Send: per interval, the engine's tokens/s and the seconds
+until the answer was on screen, as the status line reports them, summed over the answers.
+Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import threading
 import time
 from typing import Any
@@ -26,6 +36,16 @@ from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD
 
 PROMPT = "Give me three tips for staying productive."
+BROWSER_PROMPTS = ["Write a Python function that checks whether a number is prime.",
+                   "Give me three tips for staying productive.",
+                   "Write a Python function that reverses a string."]
+# the status line when an answer is done (app.Playground.run)
+DONE = re.compile(r"Done · (\d+) tokens in ([\d.]+) s of engine time \(([\d.]+) s on screen\)")
+# true once the page shows a new answer as done (the progress text gone from the status line)
+DONE_JS = """(answers) => {
+  const status = document.querySelector('#status').innerText;
+  return status.includes('Done') && !status.includes('processing')
+      && document.querySelectorAll('#chat [data-testid=bot]').length > answers; }"""
 
 
 def answer_speeds(engine: Any, tokens: int, repeats: int) -> dict[str, float]:
@@ -84,13 +104,68 @@ def frames(args: argparse.Namespace) -> dict:
     return report
 
 
+def ask_in_page(page: Any, prompt: str, tokens: int) -> tuple[int, float, float]:
+    """Type `prompt`, press Send, wait until the answer is done -> (tokens, engine seconds,
+    seconds on screen) from the status line."""
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(tokens))
+    box.press("Enter")
+    answers = page.locator("#chat [data-testid=bot]").count()
+    page.fill("#prompt textarea", prompt)
+    page.click("#send")
+    page.wait_for_function(DONE_JS, arg=answers, timeout=300_000)
+    n, engine_s, screen_s = DONE.search(page.locator("#status").inner_text()).groups()
+    return int(n), float(engine_s), float(screen_s)
+
+
+def browser(args: argparse.Namespace) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_fixtures import CHROMIUM_ARGS
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
+    worker = app.EngineThread()
+    engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
+    intervals = [float(i) for i in args.intervals.split(",")]
+    totals = {i: [0, 0.0, 0.0] for i in intervals}  # tokens, engine s, on-screen s
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+        pages = {}
+        for interval in intervals:
+            demo = app.build_demo(engines, worker, frame_interval=interval)
+            demo.queue(max_size=16, default_concurrency_limit=1)
+            _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1",
+                                    quiet=True)
+            page = chromium.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.goto(f"{url}?__theme=light", wait_until="load")
+            page.locator("#send").wait_for(timeout=60_000)
+            ask_in_page(page, "Hello", 8)  # warm-up
+            pages[interval] = page
+        for r in range(args.repeats):
+            for interval in intervals[r % len(intervals):] + intervals[:r % len(intervals)]:
+                for prompt in BROWSER_PROMPTS:
+                    got = ask_in_page(pages[interval], prompt, args.tokens)
+                    totals[interval] = [a + b for a, b in zip(totals[interval], got)]
+                pages[interval].click("#clear")
+        chromium.close()
+    return {f"interval_{i:g}s": {"tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
+                                 "on_screen_s": round(screen_s, 2)}
+            for i, (n, engine_s, screen_s) in totals.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["threads", "frames"])
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("mode", choices=["threads", "frames", "browser"])
+    p.add_argument("--tokens", type=int, default=None, help="128; 160 for browser")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--intervals", default=f"0.1,{app.FRAME_INTERVAL_S}",
+                   help="browser: comma-separated frame intervals, seconds")
     args = p.parse_args()
-    print(json.dumps(threads(args) if args.mode == "threads" else frames(args), indent=1))
+    args.tokens = args.tokens or (160 if args.mode == "browser" else 128)
+    modes = {"threads": threads, "frames": frames, "browser": browser}
+    print(json.dumps(modes[args.mode](args), indent=1))
 
 
 if __name__ == "__main__":

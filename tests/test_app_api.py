@@ -67,8 +67,8 @@ def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> 
 
 
 def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServer) -> None:
-    """96 tokens: the app draws at most one frame per 0.1 s (`FRAME_INTERVAL_S`), and on a fast
-    CPU 24 tokens of EAGLE-3 and of the baseline take about one such interval."""
+    """96 tokens: the app draws at most one frame per `FRAME_INTERVAL_S` (0.25 s), and EAGLE-3
+    and the baseline each take several such intervals here."""
     settings = {**SMALL, "max_new_tokens": 96}
     job = app_server.client().submit(PROMPT, **settings, compare=True, api_name="/chat")
     final = job.result(timeout=180)
