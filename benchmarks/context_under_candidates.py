@@ -34,11 +34,16 @@ from eagle_engine.events import StepEvent, TreeNode
 
 
 def proposal_after(index: ContextIndex, token: int) -> tuple[int, int | None]:
-    """The index's proposal had `token` been appended: (match length, the token after the
-    latest earlier occurrence of the longest matching suffix), or (0, None) without a match."""
+    """What `index.match()` would find had `token` been appended: (match length, the token
+    proposed after it), or (0, None) without a match. Appending registers the n-grams that end
+    at the last token, with `token` as their follower; those are the latest occurrences."""
+    T = len(index.tokens)
     seq = index.tokens[-MAX_MATCH:] + [token]
-    for n in range(min(MAX_MATCH, len(index.tokens)), 0, -1):
-        start = index.after.get(tuple(seq[-n:]))
+    for n in range(min(MAX_MATCH, T), 0, -1):
+        key = tuple(seq[-n:])
+        if key == tuple(index.tokens[T - n:]):  # registered by the append itself
+            return n, token
+        start = index.after.get(key)
         if start is not None:
             return n, index.tokens[start]
     return 0, None
