@@ -17,10 +17,16 @@ from .io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
 from .kernels import build_tree_from_parents, cpu_step
 
 
-def filled(values: list[int] | list[float], dtype: torch.dtype, device: torch.device
-           ) -> torch.Tensor:
-    """[len(values)] on `device`, written one scalar at a time: fills, not an upload from
-    pageable memory, so nothing waits for the device (`sync_count`)."""
+def uploaded(values: list[int] | list[float], dtype: torch.dtype, device: torch.device
+             ) -> torch.Tensor:
+    """[len(values)] on `device` without the host waiting for it (`sync_count`). On CUDA a
+    pinned buffer is copied asynchronously: an upload from pageable memory, or a scalar written
+    into the tensor, waits for the device there (each of the chain's values was a sync in
+    tests/test_syncs.py on an H200; docs/results.md, section 37). Elsewhere the values are
+    written into the tensor one by one, which `sync_count` sees as what it is on CPU: no
+    upload."""
+    if device.type == "cuda":
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
     out = torch.empty(len(values), dtype=dtype, device=device)
     for i, v in enumerate(values):
         out[i] = v
@@ -36,8 +42,8 @@ def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> Dr
     rest of the chain hangs below the last shared node."""
     dev = drafted.tokens.device
     C, L, S = drafted.tokens.numel(), len(ctx.tokens), tree.num_steps
-    chain = filled(ctx.tokens, torch.long, dev)  # [L]
-    chain_p = filled(ctx.scores, torch.float32, dev)  # [L]
+    chain = uploaded(ctx.tokens, torch.long, dev)  # [L]
+    chain_p = uploaded(ctx.scores, torch.float32, dev)  # [L]
     parents = drafted.parents
     has_parent = parents >= 0
     up = parents.clamp_min(0)

@@ -74,16 +74,21 @@ def test_saved_answers_seed_a_new_work_dir_without_generating(
     assert "--responses" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("block", [128, 2, 3])
-def test_ttt_attention_matches_explicit_mask(block: int) -> None:
+def test_ttt_attention_matches_explicit_mask(block: int, device: str) -> None:
     """The TTT attention equals plain attention over [causal step-0 keys | own chain keys],
-    in one query block and split into several (the last one shorter)."""
+    in one query block and split into several (the last one shorter); on CUDA without cuDNN's
+    attention, whose per-shape plans made GPU training steps ~8x slower."""
     torch.manual_seed(0)
     B, H, KVH, T, d = 2, 4, 2, 5, 8
     q = torch.randn(B, H, T, d)
     keys = [torch.randn(B, KVH, T, d) for _ in range(3)]
     values = [torch.randn(B, KVH, T, d) for _ in range(3)]
-    out = ttt_attention(q, keys, values, block)
+    with torch.profiler.profile() as prof:
+        out = ttt_attention(q.to(device), [k.to(device) for k in keys],
+                            [v.to(device) for v in values], block).cpu()
+    assert not [e.key for e in prof.key_averages() if "cudnn" in e.key], "cuDNN attention ran"
     g = H // KVH
     for b in range(B):
         for h in range(H):

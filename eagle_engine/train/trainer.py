@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
 from ..config import ConfigError, parse_dtype, resolve_dtype
@@ -37,6 +38,8 @@ from .features import Sample
 # steps between returns of jemalloc's kept pages (`allocator.py`): a resumed CPU run grew ~0.3
 # GB a step from ~15 GB without them (docs/results.md, section 21)
 PURGE_EVERY = 10
+# the attention kernels `ttt_attention` may use: every one but cuDNN's (its docstring says why)
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -138,18 +141,21 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     causally, later steps only at the query's own position (its own draft chain). Runs SDPA per
     block of `block` queries over [step-0 keys up to the block's end | the block's own keys of
     each later step], so no [T, T] score matrix is built (it took gigabytes of memory per step
-    on long conversations)."""
+    on long conversations). Never cuDNN's attention: it builds a plan for every new shape, and
+    the blocks' shapes change with each block and batch (on an H200 that was ~1.7 s of host time
+    a training step, against ~0.1 s of GPU time; docs/results.md, section 37)."""
     T = q.shape[2]
     out = []
-    for a in range(0, T, block):
-        b = min(a + block, T)
-        k = torch.cat([keys[0][:, :, :b], *(x[:, :, a:b] for x in keys[1:])], dim=2)
-        v = torch.cat([values[0][:, :, :b], *(x[:, :, a:b] for x in values[1:])], dim=2)
-        causal = torch.ones(b - a, b, dtype=torch.bool, device=q.device).tril(a)  # [b-a, b]
-        own = torch.eye(b - a, dtype=torch.bool, device=q.device)
-        mask = torch.cat([causal, *[own] * (len(keys) - 1)], dim=1)  # [b-a, k.shape[2]]
-        out.append(F.scaled_dot_product_attention(q[:, :, a:b], k, v, attn_mask=mask,
-                                                  enable_gqa=True))
+    with sdpa_kernel(SDPA_BACKENDS):
+        for a in range(0, T, block):
+            b = min(a + block, T)
+            k = torch.cat([keys[0][:, :, :b], *(x[:, :, a:b] for x in keys[1:])], dim=2)
+            v = torch.cat([values[0][:, :, :b], *(x[:, :, a:b] for x in values[1:])], dim=2)
+            causal = torch.ones(b - a, b, dtype=torch.bool, device=q.device).tril(a)  # [b-a, b]
+            own = torch.eye(b - a, dtype=torch.bool, device=q.device)
+            mask = torch.cat([causal, *[own] * (len(keys) - 1)], dim=1)  # [b-a, k.shape[2]]
+            out.append(F.scaled_dot_product_attention(q[:, :, a:b], k, v, attn_mask=mask,
+                                                      enable_gqa=True))
     return torch.cat(out, dim=2)
 
 
