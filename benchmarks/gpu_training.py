@@ -1,7 +1,8 @@
 """Seconds per GPU training step, with the TTT attention's kernels as the trainer runs them and
 with cuDNN's attention allowed, and where a step's time goes.
 
-    PYTHONPATH=. python benchmarks/gpu_training.py [--steps 8] [--tokens-per-batch 16384] [--profile]
+    PYTHONPATH=. python benchmarks/gpu_training.py [--steps 8] [--tokens-per-batch 16384]
+        [--profile]
 
 Needs no GGUF, so a lent GPU runs it in one device call (the bundled target takes two calls in
 parts, `deploy/gpu_window.sh`): the target is a random `LlamaForCausalLM` of the bundled
@@ -11,10 +12,11 @@ batches of `--tokens-per-batch` as `train` groups them. Two heads train on each 
 `docs/results.md` section 37's run: `aux` (the shipped recipe) and `auxnorm+normout`
 (EAGLE-3.1), from scratch, TTT length 6, bf16 autocast.
 
-For each setting (first the trainer's, `trainer.SDPA_BACKENDS`; then the same list with cuDNN's
-attention first, the kernel PyTorch picks by itself on a Hopper GPU for masked attention), one
-warm-up step, then `--steps` timed steps on the same batches, each split into the batch (one
-target forward) and each head's `train_step`, with the device synchronized between them.
+For each setting (first the trainer's, `trainer.SDPA_BACKENDS`, for the TTT attention and the
+batch's target forward; then the same list with cuDNN's attention first, the kernel PyTorch
+picked by itself for both on an H200), one warm-up step, then `--steps` timed steps on the same
+batches, each split into the batch (one target forward) and each head's `train_step`, with the
+device synchronized between them.
 Prints the median seconds of each part per setting and the ratio. `--profile` also prints
 PyTorch's profiler table (host and device time per op) over three steps of each setting.
 Not a test: timings depend on the machine; compare the settings within one run.
@@ -34,11 +36,11 @@ from unittest import mock
 import torch
 from torch.nn.attention import SDPBackend
 
+import eagle_engine.train.online as online
 import eagle_engine.train.trainer as trainer
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.train.features import row_ids
-from eagle_engine.train.online import online_batch
 from eagle_engine.train.pipeline import MAX_TOKENS, draft_config, init_head
 from eagle_engine.train.vocab import select_vocab, token_counts
 from tests.helpers import make_hf_target
@@ -87,8 +89,8 @@ def main() -> None:
         """-> seconds of [the batch, each head's train_step]"""
         sync()
         marks = [time.perf_counter()]
-        batch = online_batch(target, rows, group, target.cfg.default_aux_layer_ids(), in_vocab,
-                             MAX_TOKENS)
+        batch = online.online_batch(target, rows, group, target.cfg.default_aux_layer_ids(),
+                                    in_vocab, MAX_TOKENS)
         sync()
         marks.append(time.perf_counter())
         for h in heads:
@@ -102,7 +104,9 @@ def main() -> None:
     parts = ["batch"] + [f"head {name}" for name, _, _ in HEADS]
     medians = {}
     for label, backends in settings.items():
-        with mock.patch.object(trainer, "SDPA_BACKENDS", backends):  # ttt_attention reads it
+        # the kernels the TTT attention and the batch's target forward may use
+        with mock.patch.object(trainer, "SDPA_BACKENDS", backends), \
+                mock.patch.object(online, "SDPA_BACKENDS", backends):
             step(groups[0])  # warm-up
             times = [step(g) for g in groups[1:]]
             if args.profile:
