@@ -18,7 +18,8 @@
 # The stash ($EAGLE_DEVICE_STASH, default /root/eagle-device) lies outside the repository,
 # where a warm machine keeps it between calls. `train` and `run` put <stash>/out, when there is
 # one, in $OUT as a tar in 15 MiB pieces, which `collect` unpacks. Not here: what to train (the
-# ARGS, section 25).
+# ARGS, section 25; section 37 ran it on an H200: leave --stop-after-minutes a minute above
+# --max-minutes, for loading).
 set -euo pipefail
 
 stash=${EAGLE_DEVICE_STASH:-/root/eagle-device}
