@@ -44,6 +44,11 @@ PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its 
 # browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
 # much as at 0.25 s (section 36). Events within this interval share a frame.
 FRAME_INTERVAL_S = 0.25
+# Gradio's progress display on the status line while an answer streams. "full" animates an
+# overlay there; with a browser on the same cores that slowed the engine by ~14%, against
+# "minimal" (its elapsed time alone; docs/results.md, section 38). The status line itself says
+# what the engine is doing.
+PROGRESS = "minimal"
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
 
@@ -374,10 +379,12 @@ def _main_panel() -> dict[str, Any]:
 
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
-               rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1) -> gr.Blocks:
+               rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
+               progress: str = PROGRESS) -> gr.Blocks:
     """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
     plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines;
-    `max_batch`: how many visitors are answered at once (the chat handlers' concurrency)."""
+    `max_batch`: how many visitors are answered at once (the chat handlers' concurrency);
+    `progress`: Gradio's `show_progress` on the status line while an answer streams."""
     pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
@@ -385,7 +392,7 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
         settings = [c[n] for n in ui.SETTING_NAMES]
         outputs = [o[n] for n in OUTPUTS]
         engine_kw = dict(outputs=outputs, concurrency_id="engine", concurrency_limit=max_batch,
-                         show_progress_on=[o["status"]])
+                         show_progress_on=[o["status"]], show_progress=progress)
         runs = [o["send"].click(pg.send, [o["prompt"], o["history"], *settings], api_name="chat",
                                 **engine_kw),
                 o["prompt"].submit(pg.send, [o["prompt"], o["history"], *settings],

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
-        [--intervals 0.1,0.25]
+        [--intervals 0.1,0.25] [--progress full,minimal]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
@@ -14,11 +14,14 @@ threads than cores, so the order matters and the script keeps it.)
 event (interval 0) and at most every `app.FRAME_INTERVAL_S`, and sends the same /chat request to
 each through `gradio_client`: seconds until the answer is complete on the client, frames
 received, and the engine's own tokens/s.
-`browser`: launches the app in-process once per frame interval in `--intervals` and opens each
-in headless Chromium (Debian's, as the browser tests do) on the same cores, as a visitor who
-runs the app on their own machine does; then, in rounds that take the intervals in turn, types
-each of `BROWSER_PROMPTS` and presses Send: per interval, the engine's tokens/s and the seconds
-until the answer was on screen, as the status line reports them, summed over the answers.
+`browser`: launches the app in-process once per setting, each frame interval of `--intervals`
+with each progress display of `--progress` (Gradio's `show_progress` on the status line), and
+opens them in headless Chromium (Debian's, as the browser tests do) on the same cores, as a
+visitor who runs the app on their own machine does. In rounds that take the settings in turn,
+it opens a fresh page of the setting, types each of `BROWSER_PROMPTS`, presses Send, and closes
+the page: one page at a time, since an idle page uses CPU too. Per setting: the engine's
+tokens/s and the seconds until the answer was on screen, as the status line reports them,
+summed over the answers.
 Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
@@ -128,31 +131,32 @@ def browser(args: argparse.Namespace) -> dict:
         raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
     worker = app.EngineThread()
     engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
-    intervals = [float(i) for i in args.intervals.split(",")]
-    totals = {i: [0, 0.0, 0.0] for i in intervals}  # tokens, engine s, on-screen s
+    settings = [(float(i), p) for i in args.intervals.split(",") for p in args.progress.split(",")]
+    urls = {}
+    for interval, progress in settings:
+        demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress)
+        demo.queue(max_size=16, default_concurrency_limit=1)
+        _, urls[interval, progress], _ = demo.launch(prevent_thread_lock=True,
+                                                     server_name="127.0.0.1", quiet=True)
+    totals = {s: [0, 0.0, 0.0] for s in settings}  # tokens, engine s, on-screen s
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        pages = {}
-        for interval in intervals:
-            demo = app.build_demo(engines, worker, frame_interval=interval)
-            demo.queue(max_size=16, default_concurrency_limit=1)
-            _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1",
-                                    quiet=True)
-            page = chromium.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            page.goto(f"{url}?__theme=light", wait_until="load")
-            page.locator("#send").wait_for(timeout=60_000)
-            ask_in_page(page, "Hello", 8)  # warm-up
-            pages[interval] = page
         for r in range(args.repeats):
-            for interval in intervals[r % len(intervals):] + intervals[:r % len(intervals)]:
+            for setting in settings[r % len(settings):] + settings[:r % len(settings)]:
+                context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+                page = context.new_page()
+                page.goto(f"{urls[setting]}?__theme=light", wait_until="load")
+                page.locator("#send").wait_for(timeout=60_000)
+                ask_in_page(page, "Hello", 8)  # warm-up
                 for prompt in BROWSER_PROMPTS:
-                    got = ask_in_page(pages[interval], prompt, args.tokens)
-                    totals[interval] = [a + b for a, b in zip(totals[interval], got)]
-                pages[interval].click("#clear")
+                    got = ask_in_page(page, prompt, args.tokens)
+                    totals[setting] = [a + b for a, b in zip(totals[setting], got)]
+                context.close()
         chromium.close()
-    return {f"interval_{i:g}s": {"tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
-                                 "on_screen_s": round(screen_s, 2)}
-            for i, (n, engine_s, screen_s) in totals.items()}
+    return {f"interval_{i:g}s_progress_{p}": {
+                "tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
+                "on_screen_s": round(screen_s, 2)}
+            for (i, p), (n, engine_s, screen_s) in totals.items()}
 
 
 def main() -> None:
@@ -162,6 +166,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--intervals", default=f"0.1,{app.FRAME_INTERVAL_S}",
                    help="browser: comma-separated frame intervals, seconds")
+    p.add_argument("--progress", default=app.PROGRESS,
+                   help="browser: comma-separated show_progress values (full, minimal, hidden)")
     args = p.parse_args()
     args.tokens = args.tokens or (160 if args.mode == "browser" else 128)
     modes = {"threads": threads, "frames": frames, "browser": browser}
