@@ -20,8 +20,8 @@ opens them in headless Chromium (Debian's, as the browser tests do) on the same 
 visitor who runs the app on their own machine does. In rounds that take the settings in turn,
 it opens a fresh page of the setting, types each of `BROWSER_PROMPTS`, presses Send, and closes
 the page: one page at a time, since an idle page uses CPU too. Per setting: the engine's
-tokens/s and the seconds until the answer was on screen, as the status line reports them,
-summed over the answers.
+tokens/s and the seconds until the answer was on screen, as the status line reports them, and
+the CPU seconds of Chromium's processes while each answer streamed, summed over the answers.
 Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
@@ -33,6 +33,8 @@ import shutil
 import threading
 import time
 from typing import Any
+
+import psutil
 
 import app
 from eagle_engine.config import SamplingParams, TreeParams
@@ -121,6 +123,19 @@ def ask_in_page(page: Any, prompt: str, tokens: int) -> tuple[int, float, float]
     return int(n), float(engine_s), float(screen_s)
 
 
+def browser_cpu_s() -> float:
+    """CPU seconds used so far by the Chromium processes this process started (via Playwright)."""
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in proc.name():
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:  # a renderer that has just exited
+            pass
+    return total
+
+
 def browser(args: argparse.Namespace) -> dict:
     from playwright.sync_api import sync_playwright
 
@@ -138,7 +153,7 @@ def browser(args: argparse.Namespace) -> dict:
         demo.queue(max_size=16, default_concurrency_limit=1)
         _, urls[interval, progress], _ = demo.launch(prevent_thread_lock=True,
                                                      server_name="127.0.0.1", quiet=True)
-    totals = {s: [0, 0.0, 0.0] for s in settings}  # tokens, engine s, on-screen s
+    totals = {s: [0, 0.0, 0.0, 0.0] for s in settings}  # tokens, engine, on-screen, browser CPU s
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
         for r in range(args.repeats):
@@ -149,14 +164,15 @@ def browser(args: argparse.Namespace) -> dict:
                 page.locator("#send").wait_for(timeout=60_000)
                 ask_in_page(page, "Hello", 8)  # warm-up
                 for prompt in BROWSER_PROMPTS:
-                    got = ask_in_page(page, prompt, args.tokens)
+                    cpu = browser_cpu_s()
+                    got = (*ask_in_page(page, prompt, args.tokens), browser_cpu_s() - cpu)
                     totals[setting] = [a + b for a, b in zip(totals[setting], got)]
                 context.close()
         chromium.close()
     return {f"interval_{i:g}s_progress_{p}": {
                 "tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
-                "on_screen_s": round(screen_s, 2)}
-            for (i, p), (n, engine_s, screen_s) in totals.items()}
+                "on_screen_s": round(screen_s, 2), "browser_cpu_s": round(cpu_s, 1)}
+            for (i, p), (n, engine_s, screen_s, cpu_s) in totals.items()}
 
 
 def main() -> None:
