@@ -45,9 +45,9 @@ PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its 
 # much as at 0.25 s (section 36). Events within this interval share a frame.
 FRAME_INTERVAL_S = 0.25
 # Gradio's progress display on the status line while an answer streams. "full" animates an
-# overlay there; with a browser on the same cores that slowed the engine by ~14%, against
-# "minimal" (its elapsed time alone; docs/results.md, section 38). The status line itself says
-# what the engine is doing.
+# overlay there: with a browser on the same cores, the browser used ~12% more CPU and the engine
+# ran ~7% slower than with "minimal" (the elapsed time alone; docs/results.md, section 38). The
+# status line itself says what the engine is doing.
 PROGRESS = "minimal"
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
