@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -40,21 +41,16 @@ JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
 def child(steps: int, tokens_per_batch: int) -> dict[str, float]:
-    from eagle_engine.models.draft_model import Eagle3Draft
     from eagle_engine.models.loader import load_target, resolve_target
     from eagle_engine.train.online import online_batch
-    from eagle_engine.train.pipeline import draft_config, inherited_vocab, init_head
-    from eagle_engine.train.trainer import TrainParams, new_head, train_step
+    from eagle_engine.train.pipeline import HeadSpec, build_head, inherited_vocab
+    from eagle_engine.train.trainer import TrainParams, train_step
 
     target = load_target(resolve_target("bundled"), torch.bfloat16, "cpu", 2048)
     cfg = target.cfg
-    hot = inherited_vocab(HEAD, torch.arange(8192))
-    model = Eagle3Draft(draft_config(cfg, 1, True, 8192), 2048 + 64).float()
-    init_head(model, target, hot, HEAD)
-    model.share_embedding(target.embed_tokens)
-    model.embed_tokens.weight.requires_grad_(False)
+    hot = inherited_vocab(HEAD, Counter(), 8192, cfg.vocab_size)  # the head's own ids
     params = TrainParams(tokens_per_batch=tokens_per_batch)
-    head = new_head("bench", model, target.lm_head.weight.detach(), params)
+    head = build_head(HeadSpec(Path("bench"), 1, True), target, hot, HEAD, params, "cpu", 0)
     in_vocab = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     in_vocab[hot] = True
     gen = torch.Generator().manual_seed(0)
@@ -70,7 +66,7 @@ def child(steps: int, tokens_per_batch: int) -> dict[str, float]:
     for r in range(steps // len(LENGTHS) + 1):
         for T, batch in batches.items():
             t0 = time.perf_counter()
-            train_step(model, head.opt, head.trainable, batch, head.target_head, params, 1e-5)
+            train_step(head.model, head.opt, head.trainable, batch, head.target_head, params, 1e-5)
             if r:  # the first round is warm-up
                 times[T].append(time.perf_counter() - t0)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss: KB on Linux

@@ -38,10 +38,9 @@ from torch.nn.attention import SDPBackend
 
 import eagle_engine.train.online as online
 import eagle_engine.train.trainer as trainer
-from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.train.features import row_ids
-from eagle_engine.train.pipeline import MAX_TOKENS, draft_config, init_head
+from eagle_engine.train.pipeline import MAX_TOKENS, HeadSpec, build_head
 from eagle_engine.train.vocab import select_vocab, token_counts
 from tests.helpers import make_hf_target
 
@@ -72,16 +71,8 @@ def main() -> None:
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool, device=dev)
     in_vocab[hot.to(dev)] = True
     params = trainer.TrainParams(ttt_length=6, tokens_per_batch=args.tokens_per_batch)
-    heads = []
-    for name, fc_norm, norm_output in HEADS:
-        torch.manual_seed(0)
-        model = Eagle3Draft(draft_config(target.cfg, 1, True, 8192, fc_norm, norm_output),
-                            2048 + 64).float()
-        init_head(model, target, hot, None)
-        model.to(dev)
-        model.share_embedding(target.embed_tokens)
-        model.embed_tokens.weight.requires_grad_(False)
-        heads.append(trainer.new_head(name, model, target.lm_head.weight.detach(), params))
+    heads = [build_head(HeadSpec(Path(name), 1, True, fc_norm, norm_output), target, hot, None,
+                        params, dev, 0) for name, fc_norm, norm_output in HEADS]
     groups = trainer.group_batches([len(row_ids(r, MAX_TOKENS)) for r in rows],
                                    args.tokens_per_batch, random.Random(0))[:args.steps + 1]
 

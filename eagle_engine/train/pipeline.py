@@ -33,7 +33,8 @@ from .data import (answer_ids, copy_responses, generate_responses, select_prompt
                    teacher_rows)
 from .features import extract, load_samples, read_rows, row_ids
 from .online import online_batch
-from .trainer import Batch, Recipe, TrainParams, collate, new_head, train, train_dtype
+from .trainer import (Batch, Head, Recipe, TrainParams, collate, new_head, train,
+                      train_dtype)
 from .vocab import carry_rows, coverage_table, select_vocab, token_counts
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,21 @@ def init_head(model: Eagle3Draft, target, hot: torch.Tensor, init_from: Path | N
             own[name].copy_(t.float())
 
 
+def build_head(spec: HeadSpec, target, hot: torch.Tensor, init_from: Path | None,  # noqa: ANN001
+               params: TrainParams, device: str, seed: int) -> Head:
+    """The head `spec` describes, ready to train: fp32 master weights on `device`, started by
+    `init_head` after seeding with `seed`, its draft vocabulary `hot` [Vd], reading the target's
+    embedding (shared, frozen, and not saved in the head)."""
+    torch.manual_seed(seed)
+    model = Eagle3Draft(draft_config(target.cfg, spec.num_layers, spec.use_aux, hot.numel(),
+                                     spec.fc_norm, spec.norm_output), 2048 + 64).float()
+    init_head(model, target, hot, init_from)
+    model.to(device)
+    model.share_embedding(target.embed_tokens)
+    model.embed_tokens.weight.requires_grad_(False)
+    return new_head(spec.out.name, model, target.lm_head.weight.detach(), params, spec.recipe)
+
+
 def run_pipeline(args: argparse.Namespace) -> None:
     if args.quick:
         quick_overrides(args)
@@ -335,18 +351,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
                          ttt_length=args.ttt_length, tokens_per_batch=args.tokens_per_batch,
                          seed=args.seed, max_minutes=args.max_minutes,
                          holdout=args.holdout, eval_every=args.eval_every)
-    heads = []
-    for spec in specs:
-        torch.manual_seed(args.seed)
-        model = Eagle3Draft(draft_config(target.cfg, spec.num_layers, spec.use_aux,
-                                         args.draft_vocab, spec.fc_norm, spec.norm_output),
-                            2048 + 64).float()
-        init_head(model, target, hot, args.init_from)
-        model.to(args.device)
-        model.share_embedding(target.embed_tokens)  # frozen, and not saved in the head
-        model.embed_tokens.weight.requires_grad_(False)
-        heads.append(new_head(spec.out.name, model, target.lm_head.weight.detach(), params,
-                              spec.recipe))
+    heads = [build_head(spec, target, hot, args.init_from, params, args.device, args.seed)
+             for spec in specs]
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool, device=args.device)
     in_vocab[hot.to(args.device)] = True
     if args.online:
