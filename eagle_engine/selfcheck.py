@@ -51,6 +51,7 @@ TINY_TARGET = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
 TINY_DRAFT = {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
               "num_key_value_heads": 2, "vocab_size": 96, "draft_vocab_size": 64}
 TINY_TREE = TreeParams(topk=4, num_steps=4, num_draft_tokens=12)
+EAGLE31 = {"fc_norm": True, "norm_output": True}  # the default head's recipe (EAGLE-3.1)
 LLAMA_COMMAND = ("python -m eagle_engine selfcheck --target meta-llama/Llama-3.1-8B-Instruct "
                  "--draft yuhuili/EAGLE3-LLaMA3.1-Instruct-8B --dtype bf16 "
                  "--report selfcheck.json [--prompts mtbench.jsonl]")
@@ -73,12 +74,14 @@ def verdict(check: str, failures: list[str], detail: str) -> Row:
 # ---------------------------------------------------------------- phases: runners vs eager
 
 def tiny_models(device: torch.device | str, dtype: torch.dtype = torch.float32, seed: int = 0,
-                max_len: int = 256) -> tuple[TargetModel, Eagle3Draft]:
-    """A random 8-layer target and a random EAGLE-3 head with a reduced vocabulary. Weights are
-    scaled up so that greedy choices have clear margins over rounding noise."""
+                max_len: int = 256, recipe: dict[str, bool] | None = None
+                ) -> tuple[TargetModel, Eagle3Draft]:
+    """A random 8-layer target and a random EAGLE-3 head with a reduced vocabulary (`recipe`:
+    head config keys on top, e.g. `EAGLE31`). Weights are scaled up so that greedy choices have
+    clear margins over rounding noise."""
     g = torch.Generator().manual_seed(seed)
     target = TargetModel(TargetConfig.from_dict(TINY_TARGET), max_len)
-    head = Eagle3Draft(DraftConfig.from_dict(TINY_DRAFT), max_len + 512)
+    head = Eagle3Draft(DraftConfig.from_dict({**TINY_DRAFT, **(recipe or {})}), max_len + 512)
     with torch.no_grad():
         for model in (target, head):
             for name, p in model.named_parameters():
@@ -322,6 +325,8 @@ def gpu_checks() -> list[Row]:
     with torch.inference_mode():
         target, head = tiny_models(dev)
         rows += phase_parity(target, head, TINY_TREE, GraphMode.GRAPHS)
+        rows += [replace(r, check=f"EAGLE-3.1 head: {r.check}") for r in phase_parity(
+            *tiny_models(dev, recipe=EAGLE31), TINY_TREE, GraphMode.GRAPHS)]
         rows.append(check_no_sync(target, head, TINY_TREE))
         engines = engine_pair(target, IdTokenizer(), {"tiny": head},
                               EngineConfig(dtype="fp32", device="cuda", max_len=192))

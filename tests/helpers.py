@@ -61,12 +61,14 @@ def make_hf_target(directory: Path, seed: int = 0, weight_scale: float = 3.0,
 def random_head(target_cfg: TargetConfig, seed: int = 0, num_layers: int = 1,
                 use_aux: bool = True, num_aux: int = 3, draft_vocab: int | None = None,
                 fc_norm: bool = False, aux_ids: list[int] | None = None,
-                intermediate_size: int = 48, norm_output: bool = False) -> Eagle3Draft:
+                intermediate_size: int = 48, norm_output: bool = False,
+                norm_before_fc: bool = False) -> Eagle3Draft:
     torch.manual_seed(seed)
     raw = {"hidden_size": target_cfg.hidden_size, "intermediate_size": intermediate_size,
            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": num_layers,
            "vocab_size": target_cfg.vocab_size, "draft_vocab_size": draft_vocab,
            "rms_norm_eps": 1e-6, "fc_norm": fc_norm, "norm_output": norm_output,
+           "norm_before_fc": norm_before_fc,
            "eagle_config": {"use_aux_hidden_state": use_aux}}
     if num_aux != 3 or aux_ids:
         ids = aux_ids or list(range(1, 1 + num_aux))

@@ -358,17 +358,19 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
 
 
 @pytest.mark.parametrize("head_kw", [
-    {}, {"use_aux": False}, {"norm_output": True, "num_layers": 2, "draft_vocab": 40}])
+    {}, {"use_aux": False}, {"norm_output": True, "num_layers": 2, "draft_vocab": 40},
+    {"fc_norm": True, "norm_output": True}])
 def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's draft extend as one C++ call (`FusedDecoder.extend`) gives the bits of its
     Python steps over the same kernels (`accept.extend_steps`): the top-k, their target ids,
     the recycled hidden and the cache rows it writes, for one row and for three after a
-    prefix. A head with a norm inside `fc` keeps the steps."""
+    prefix; an EAGLE-3.1 head's norm per aux chunk (`fc_norm`) included. A head with one norm
+    over all the features before `fc` keeps the steps."""
     from eagle_engine.accept import extend, extend_steps
     from eagle_engine.io_struct import EagleDraftExtendInput
 
     engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64, **head_kw},
-                                    "normed": {"intermediate_size": 64, "fc_norm": True}},
+                                    "normed": {"intermediate_size": 64, "norm_before_fc": True}},
                          weights="q4", hidden_size=64, intermediate_size=96)
     head = engine.heads["head"]
     assert head.fused.extends and not engine.heads["normed"].fused.extends
@@ -403,7 +405,7 @@ def test_one_call_draft_step_equals_its_steps(tmp_path: Path, head_kw: dict) -> 
                          weights="q4", hidden_size=64, intermediate_size=96)
     head = engine.heads["head"]
     fused = head.fused
-    assert fused.drafts and fused.extends == ("fc_norm" not in head_kw)
+    assert fused.drafts and fused.extends
     g = torch.Generator().manual_seed(1)
     K, seq, H = 3, 7, head.cfg.hidden_size
     caches = [head.new_cache(48), head.new_cache(48)]

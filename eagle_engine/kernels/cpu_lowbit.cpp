@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/rms_norm.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -966,13 +967,16 @@ static std::vector<at::Tensor> head_rows(at::Tensor h, at::Tensor tokens, at::Te
 // embeddings, `fused_decoder` over rows [start, start + T) of the head's cache under the causal
 // mask, the lm_head on the last row, then the top-k of its softmax, mapped to target ids.
 // Called from Python as ~25 small steps, this cost ~0.7 ms an iteration on top of the products
-// on a 2-core AVX2 CPU. tokens [T] int64; features [T, W] float32; embedding [V, H] float32;
+// on a 2-core AVX2 CPU. tokens [T] int64; features [T, W] float32; fc_norms: none, or one
+// RMSNorm weight [W / A] float32 for each of the A chunks of the features, applied before `fc`
+// as `Eagle3Draft.project` applies them (EAGLE-3.1's `fc_norm`); embedding [V, H] float32;
 // cos / sin [max_len, head_dim], the head's RoPE tables; kv, weights, heads, kv_heads, eps and
 // final_norm as for `fused_decoder`; d2t [Vd] int64, a draft id's offset to its target id.
 // Returns [top-k probabilities [k] float32, their target ids [k] int64, the recycled hidden of
 // the last row [H]: h after the layers, or h under the final norm with `norm_output`].
 std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::Tensor fc_codes,
-                                    at::Tensor fc_scales, at::Tensor embedding, at::Tensor cos,
+                                    at::Tensor fc_scales, std::vector<at::Tensor> fc_norms,
+                                    at::Tensor embedding, at::Tensor cos,
                                     at::Tensor sin, at::Tensor kv, int64_t start,
                                     std::vector<at::Tensor> weights, int64_t heads,
                                     int64_t kv_heads, double eps, at::Tensor final_norm,
@@ -984,6 +988,15 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
   TORCH_CHECK(start >= 0 && start + T <= cos.size(0), "rows [", start, ", ", start + T,
               ") past the RoPE table's ", cos.size(0));
   at::Tensor h = features.contiguous();
+  if (!fc_norms.empty()) {  // the ops of `Eagle3Draft.project`, so the same bits
+    const int64_t A = static_cast<int64_t>(fc_norms.size()), chunk = h.size(1) / A;
+    TORCH_CHECK(chunk * A == h.size(1), "features of width ", h.size(1), " do not split into ",
+                A, " fc_norm chunks");
+    std::vector<at::Tensor> normed;
+    for (int64_t a = 0; a < A; ++a)
+      normed.push_back(at::rms_norm(h.narrow(1, a * chunk, chunk), {chunk}, fc_norms[a], eps));
+    h = at::cat(normed, 1);  // [T, W]
+  }
   if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H);  // [T, H]
   at::Tensor visible = at::empty({0}, tokens.options().dtype(at::kBool));
   if (T > 1) {  // row t sees cache rows [0, start + t]; one row sees every row

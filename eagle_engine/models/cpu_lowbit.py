@@ -195,11 +195,12 @@ class FusedDecoder:
     def extends_in_one_call(model: nn.Module) -> bool:
         """A head whose draft extend `extend` runs (`head_extend` in `kernels/cpu_lowbit.cpp`):
         one that `drafts_in_one_call`, with q8 codes in `fc` (when it has aux states), no bias
-        on `fc`, no norm before or inside `fc`."""
+        on `fc`, no norm over the whole features before `fc` (a norm per aux chunk, `fc_norm`,
+        runs in the call)."""
         cfg = model.cfg
         return (FusedDecoder.drafts_in_one_call(model)
                 and (not cfg.use_aux_hidden_state or _q8(model.fc))
-                and not cfg.norm_before_fc and not cfg.fc_norm)
+                and not cfg.norm_before_fc)
 
     def extend(self, model: nn.Module, tokens: torch.Tensor, features: torch.Tensor,
                start: int, kv: torch.Tensor, topk: int
@@ -210,9 +211,10 @@ class FusedDecoder:
         recycled hidden [H]). `accept.extend_steps` is the reference, with the same bits."""
         aux = model.cfg.use_aux_hidden_state
         none = torch.empty(0)
+        fc_norms = [n.weight for n in model.fc_norm] if aux and model.cfg.fc_norm else []
         return tuple(cpu_lowbit.load().head_extend(
             tokens, features, model.fc.codes if aux else none, model.fc.scales if aux else none,
-            model.embed_tokens.weight, model.rope.cos, model.rope.sin, kv, start, self.weights,
+            fc_norms, model.embed_tokens.weight, model.rope.cos, model.rope.sin, kv, start, self.weights,
             self.heads, self.kv_heads, self.eps, self.final_norm, model.cfg.norm_output,
             model.lm_head.codes, model.lm_head.scales, model.lm_head.out_features, model.d2t,
             topk))
