@@ -86,7 +86,9 @@ def test_products_let_other_threads_run() -> None:
     kernel = cpu_lowbit.load().q8_linear
     g = torch.Generator().manual_seed(7)
     packed = cpu_lowbit.pack_q8(*quantize_q8(torch.randn(16384, 576, generator=g)))
-    x = torch.randn(512, 576, generator=g)  # a call of ~0.1 s on 2 cores
+    # a call of ~0.1 s on 2 cores with VNNI, ~0.4 s with AVX2 only: well above a scheduler's
+    # time slice (with 512 rows a VNNI call took 27 ms, and a slice could fail the test)
+    x = torch.randn(2048, 576, generator=g)
     t0 = time.perf_counter()
     kernel(x, *packed, 16384)
     call_s = time.perf_counter() - t0
