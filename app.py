@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import itertools
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -49,6 +50,10 @@ FRAME_INTERVAL_S = 0.25
 # ran ~7% slower than with "minimal" (the elapsed time alone; docs/results.md, section 38). The
 # status line itself says what the engine is doing.
 PROGRESS = "minimal"
+# The step plot is a Vega chart the browser redraws for every frame that carries it: with the
+# plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
+# an answer streams the plot moves at most once per this interval; the last frame draws it.
+PLOT_INTERVAL_S = 1.0
 EXAMPLES = ["Write a Python function that reverses a string.",
             "Give me three tips for staying productive.", "What is the capital of France?"]
 
@@ -98,12 +103,13 @@ class Playground:
     with 1, each request runs alone through `engine.stream`."""
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
-                 rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1) -> None:
+                 rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
+                 plot_interval: float = PLOT_INTERVAL_S) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.schedulers = {w: Scheduler(e, max_batch, worker) for w, e in self.engines.items()
                            } if max_batch > 1 else {}
-        self.frame_interval = frame_interval
+        self.frame_interval, self.plot_interval = frame_interval, plot_interval
         # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
         self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
 
@@ -149,7 +155,8 @@ class Playground:
 
     def run(self, turns: list[dict], user_text: str, s: ui.Settings) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
-        step, then at most one per `frame_interval` seconds, and the final one."""
+        step, then at most one per `frame_interval` seconds, and the final one; the step plot
+        in the first, then at most once per `plot_interval` seconds, and in the final one."""
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         sampling, tree, head = s.request(self.heads)
@@ -165,12 +172,16 @@ class Playground:
         def add(ev: StepEvent) -> None:
             view.add(ev)
             batches.append(ev.batch)
+        plotted = -math.inf  # when a frame last carried the plot
         for ev in paced(itertools.chain([first], events), add, self.frame_interval):
             turns[-1] = answer_turn(user_text, view)
             status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                       f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
+            now = time.perf_counter()
+            plot = now - plotted >= self.plot_interval
+            plotted = now if plot else plotted
             yield self._frame(turns, status, view, head, None, s.weights,
-                              estimate(rate, len(ids), view.stats) if head else None)
+                              estimate(rate, len(ids), view.stats) if head else None, plot=plot)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
         # the estimate comes before any baseline of this prompt refreshes the rate
@@ -200,10 +211,11 @@ class Playground:
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
-               base: ui.AnswerView | None = None, greedy: bool = True) -> tuple:
+               base: ui.AnswerView | None = None, greedy: bool = True,
+               plot: bool = True) -> tuple:
         return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
                     tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
-                    plot=ui.steps_frame(view.accepted_per_step),
+                    plot=ui.steps_frame(view.accepted_per_step) if plot else gr.skip(),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
                     compare=ui.compare_html(view, base, greedy, True) if base else gr.skip(),
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est)
@@ -380,12 +392,14 @@ def _main_panel() -> dict[str, Any]:
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
                rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
-               progress: str = PROGRESS) -> gr.Blocks:
+               progress: str = PROGRESS, plot_interval: float = PLOT_INTERVAL_S) -> gr.Blocks:
     """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
     plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines;
     `max_batch`: how many visitors are answered at once (the chat handlers' concurrency);
-    `progress`: Gradio's `show_progress` on the status line while an answer streams."""
-    pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch)
+    `progress`: Gradio's `show_progress` on the status line while an answer streams;
+    `plot_interval`: how often the step plot moves while an answer streams."""
+    pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch,
+                    plot_interval)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
         o = _main_panel()

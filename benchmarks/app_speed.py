@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
-        [--intervals 0.1,0.25] [--progress full,minimal]
+        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0.25,1]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
@@ -15,7 +15,8 @@ event (interval 0) and at most every `app.FRAME_INTERVAL_S`, and sends the same 
 each through `gradio_client`: seconds until the answer is complete on the client, frames
 received, and the engine's own tokens/s.
 `browser`: launches the app in-process once per setting, each frame interval of `--intervals`
-with each progress display of `--progress` (Gradio's `show_progress` on the status line), and
+with each progress display of `--progress` (Gradio's `show_progress` on the status line) and
+each interval of `--plot-intervals` at which the step plot moves while an answer streams, and
 opens them in headless Chromium (Debian's, as the browser tests do) on the same cores, as a
 visitor who runs the app on their own machine does. In rounds that take the settings in turn,
 it opens a fresh page of the setting, types each of `BROWSER_PROMPTS`, presses Send, and closes
@@ -146,13 +147,15 @@ def browser(args: argparse.Namespace) -> dict:
         raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
     worker = app.EngineThread()
     engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
-    settings = [(float(i), p) for i in args.intervals.split(",") for p in args.progress.split(",")]
+    settings = [(float(i), p, float(q)) for i in args.intervals.split(",")
+                for p in args.progress.split(",") for q in args.plot_intervals.split(",")]
     urls = {}
-    for interval, progress in settings:
-        demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress)
+    for interval, progress, plot in settings:
+        demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress,
+                              plot_interval=plot)
         demo.queue(max_size=16, default_concurrency_limit=1)
-        _, urls[interval, progress], _ = demo.launch(prevent_thread_lock=True,
-                                                     server_name="127.0.0.1", quiet=True)
+        _, urls[interval, progress, plot], _ = demo.launch(prevent_thread_lock=True,
+                                                           server_name="127.0.0.1", quiet=True)
     totals = {s: [0, 0.0, 0.0, 0.0] for s in settings}  # tokens, engine, on-screen, browser CPU s
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
@@ -169,10 +172,10 @@ def browser(args: argparse.Namespace) -> dict:
                     totals[setting] = [a + b for a, b in zip(totals[setting], got)]
                 context.close()
         chromium.close()
-    return {f"interval_{i:g}s_progress_{p}": {
+    return {f"interval_{i:g}s_progress_{p}_plot_{q:g}s": {
                 "tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
                 "on_screen_s": round(screen_s, 2), "browser_cpu_s": round(cpu_s, 1)}
-            for (i, p), (n, engine_s, screen_s, cpu_s) in totals.items()}
+            for (i, p, q), (n, engine_s, screen_s, cpu_s) in totals.items()}
 
 
 def main() -> None:
@@ -184,6 +187,8 @@ def main() -> None:
                    help="browser: comma-separated frame intervals, seconds")
     p.add_argument("--progress", default=app.PROGRESS,
                    help="browser: comma-separated show_progress values (full, minimal, hidden)")
+    p.add_argument("--plot-intervals", default=f"{app.PLOT_INTERVAL_S:g}",
+                   help="browser: comma-separated intervals of the step plot, seconds")
     args = p.parse_args()
     args.tokens = args.tokens or (160 if args.mode == "browser" else 128)
     modes = {"threads": threads, "frames": frames, "browser": browser}

@@ -160,6 +160,33 @@ def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
         "context_tokens"]
 
 
+def test_plot_moves_at_most_once_per_plot_interval(tmp_path: Path) -> None:
+    """Frames of a streamed answer, in process on a tiny engine: with a plot interval of 0 every
+    frame carries the step plot; with one longer than the answer only the first and the last
+    do, and the others leave it as it is (gr.skip()). The final plot has every step."""
+    import gradio as gr
+    import pandas as pd
+
+    import app
+    from tests.helpers import tiny_engine
+
+    engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)
+    at = app.OUTPUTS.index("plot")
+    plots = {}
+    for interval in (0.0, 3600.0):
+        pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0,
+                            plot_interval=interval)
+        frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
+                              0, False, "fp32", True))
+        plots[interval] = [f[at] for f in frames]
+        assert len(frames) > 3 and frames[-1][app.OUTPUTS.index("run")]["stats"][
+            "num_steps"] == len(plots[interval][-1])
+    assert all(isinstance(p, pd.DataFrame) for p in plots[0.0])
+    drawn = [isinstance(p, pd.DataFrame) for p in plots[3600.0]]
+    assert drawn[0] and drawn[-1] and not any(drawn[1:-1]), drawn
+    assert all(p == gr.skip() for p in plots[3600.0][1:-1])
+
+
 def test_min_draft_probability_reaches_the_engine(tmp_path: Path) -> None:
     """The "Min draft probability" slider, in process on a tiny engine: at 0 a copied answer
     accepts drafts from the context; at 0.99 no draft scores that high, so every tree is the
