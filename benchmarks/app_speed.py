@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
-        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0.25,1]
+        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0,1]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads

@@ -214,10 +214,10 @@ class FusedDecoder:
         fc_norms = [n.weight for n in model.fc_norm] if aux and model.cfg.fc_norm else []
         return tuple(cpu_lowbit.load().head_extend(
             tokens, features, model.fc.codes if aux else none, model.fc.scales if aux else none,
-            fc_norms, model.embed_tokens.weight, model.rope.cos, model.rope.sin, kv, start, self.weights,
-            self.heads, self.kv_heads, self.eps, self.final_norm, model.cfg.norm_output,
-            model.lm_head.codes, model.lm_head.scales, model.lm_head.out_features, model.d2t,
-            topk))
+            fc_norms, model.embed_tokens.weight, model.rope.cos, model.rope.sin, kv, start,
+            self.weights, self.heads, self.kv_heads, self.eps, self.final_norm,
+            model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
+            model.lm_head.out_features, model.d2t, topk))
 
     def draft(self, model: nn.Module, tokens: torch.Tensor, hidden: torch.Tensor,
               position: int, start: int, kv: torch.Tensor, visible: torch.Tensor, topk: int
