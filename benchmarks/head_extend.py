@@ -1,14 +1,14 @@
-"""Do the head's draft extend and draft decode steps as one C++ call each pay against their
+"""Do the head's draft extend and its whole draft as one C++ call each pay against their
 Python steps?
 
     PYTHONPATH=. python benchmarks/head_extend.py --prompts ../shared/data/prompts/mtbench.jsonl \
         [--limit 80] [--tree 2,1,3,0.05] [--steps extend] [--max-new-tokens 128]
 
 One process, the bundled q4 target: plain decoding, the default head (its extend one C++ call,
-`FusedDecoder.extend`, and each draft decode step past the first level one too,
-`FusedDecoder.draft`) and a second copy of it that runs the phases named by `--steps` as their
-Python steps (`extend`: `accept.extend_steps`; `draft`: `draft.decode_children`, which only
-trees of two or more steps run), through `bench.run_modes` (conversations, the order rotated
+`FusedDecoder.extend`, and its draft past the first level one too, `FusedDecoder.draft`) and a
+second copy of it that runs the phases named by `--steps` as their Python steps (`extend`:
+`accept.extend_steps`; `draft`: `draft.draft`'s loop over `decode_children` and `expand`, which
+only trees of two or more steps run), through `bench.run_modes` (conversations, the order rotated
 per question, greedy answers compared with plain decoding). Both forms give the same bits, so
 tau is equal and every answer identical; only the speed differs. Prints `bench`'s figures per
 system as JSON. Not a test: timings depend on the machine and its load.

@@ -9,16 +9,19 @@
     extend_many  `accept.extend` for the requests of one head in one draft forward
 
 Every request's numbers are those of its solo phase (`models/batched.py`), so acceptance,
-commit and read-back stay per request (`engine.Run`, `scheduler.py`).
+commit and read-back stay per request (`engine.Run`, `scheduler.py`). A head with one request
+runs that solo phase itself (`draft.draft`, `accept.extend`): with a q8 head on a CPU each is
+one C++ call, which the batched Python steps are not, and a one-request scheduler decoded 1-2%
+faster with them (docs/results.md, section 40).
 Not here: acceptance, which requests run together (`scheduler.py`).
 """
 from __future__ import annotations
 
 import torch
 
-from .accept import draft_input_after
+from .accept import draft_input_after, extend
 from .config import TreeParams
-from .draft import Frontier, expand, join, top_children
+from .draft import Frontier, draft, expand, join, top_children
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import KVCache, causal_mask, tree_mask
 from .models.batched import SeqRows, draft_forward, target_forward
@@ -31,6 +34,8 @@ from .verify import TreeLogits
 def draft_many(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[KVCache],
                trees: list[TreeParams]) -> list[DraftTree]:
     """`draft.draft(model, states[i], caches[i], trees[i])` for every i, level by level."""
+    if len(states) == 1:
+        return [draft(model, states[0], caches[0], trees[0])]
     fronts, levels, prefixes = [], [], []
     for inp, tree in zip(states, trees):
         K = tree.topk
@@ -96,6 +101,8 @@ def target_many(target: TargetModel, rows: list[SeqRows], aux_ids: list[tuple[in
 def extend_many(model: Eagle3Draft, exts: list[EagleDraftExtendInput], caches: list[KVCache],
                 topks: list[int]) -> list[EagleDraftInput]:
     """`accept.extend(model, exts[i], caches[i], topks[i])` for every i, in one forward."""
+    if len(exts) == 1:
+        return [extend(model, exts[0], caches[0], topks[0])]
     rows = []
     for ext, cache in zip(exts, caches):
         T, dev = ext.tokens.numel(), ext.tokens.device

@@ -77,7 +77,8 @@ def decode_children(model: Eagle3Draft, front: Frontier, position: int, start: i
     """One draft decode step over the frontier as the head's forward and `top_children`, on any
     device: its K nodes at `position`, written to cache rows [start, start + K), seeing what
     mask [K, start + K] allows -> (children's probabilities [K, K], target ids [K, K], hidden
-    [K, Hd]). A q8 head on a CPU runs it as one C++ call (`FusedDecoder.draft`), same bits."""
+    [K, Hd]). A q8 head on a CPU runs it inside one C++ call for the whole draft
+    (`FusedDecoder.draft`), same bits."""
     K = front.ids.numel()
     positions = torch.full((1, K), position, device=front.ids.device)
     logits, h = model(front.ids[None], front.hidden[None], positions, cache, start, mask[None],
@@ -95,22 +96,21 @@ def join(levels: list[DraftTree]) -> DraftTree:
 def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
           tree: TreeParams) -> DraftTree:
     K, S, seq = tree.topk, tree.num_steps, inp.seq_len
-    dev = inp.topk_ids.device
+    fused = model.fused
+    if S > 1 and fused is not None and fused.drafts:
+        return DraftTree(*fused.draft(model, inp.topk_p, inp.topk_ids, inp.hidden, seq, S,
+                                      cache.data))
     front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
-    levels = [first]
     if S == 1:  # the extend's top-k is the whole draft
         return first
+    levels = [first]
+    dev = inp.topk_ids.device
     eye = torch.eye(K, dtype=torch.bool, device=dev)
     prefix = torch.ones(K, seq, dtype=torch.bool, device=dev)
-    fused = model.fused
     for step in range(S - 1):
         start = seq + step * K  # the scratch rows of this level's nodes
         mask = torch.cat([prefix, front.ancestry, eye], dim=1)  # [K, start + K]
-        if fused is not None and fused.drafts:
-            children = fused.draft(model, front.ids, front.hidden, seq + step, start,
-                                   cache.data, mask, K)
-        else:
-            children = decode_children(model, front, seq + step, start, mask, cache)
-        front, level = expand(front, *children)
+        front, level = expand(front, *decode_children(model, front, seq + step, start, mask,
+                                                      cache))
         levels.append(level)
     return join(levels)

@@ -395,12 +395,13 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
 @pytest.mark.parametrize("head_kw", [
     {}, {"use_aux": False}, {"norm_output": True, "num_layers": 2, "draft_vocab": 40},
     {"fc_norm": True}])
-def test_one_call_draft_step_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
-    """A q8 head's draft decode step as one C++ call (`FusedDecoder.draft`) gives the bits of
-    its Python steps over the same kernels (`draft.decode_children`): each node's top-k, their
-    target ids, the recycled hidden and the cache rows it writes, under a tree mask. So does
-    the whole draft of a deep tree. A norm inside `fc` does not keep it from the one call."""
-    from eagle_engine.draft import Frontier, decode_children, draft
+def test_one_call_draft_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
+    """A q8 head's whole draft as one C++ call (`FusedDecoder.draft`) gives the bits of its
+    Python loop over the same kernels (`decode_children`, `expand`): every candidate's score,
+    token and parent, and the scratch cache rows its decode steps write, for trees of one to
+    four levels and one to four nodes a level. A norm inside `fc` does not keep a head from
+    the one call."""
+    from eagle_engine.draft import draft
     from eagle_engine.io_struct import EagleDraftInput
 
     engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64, **head_kw}},
@@ -409,33 +410,33 @@ def test_one_call_draft_step_equals_its_steps(tmp_path: Path, head_kw: dict) -> 
     fused = head.fused
     assert fused.drafts and fused.extends
     g = torch.Generator().manual_seed(1)
-    K, seq, H = 3, 7, head.cfg.hidden_size
+    H = head.cfg.hidden_size
     caches = [head.new_cache(48), head.new_cache(48)]
     prefix = torch.randn(caches[0].data.shape, generator=g).half()
-    for c in caches:  # the same rows before the scratch rows in both
-        c.data.copy_(prefix)
-    ancestry = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 0]], dtype=torch.bool)  # [K, K]
-    front = Frontier(torch.arange(K), torch.rand(K, generator=g),
-                     torch.randint(3, 96, (K,), generator=g), torch.randn(K, H, generator=g),
-                     ancestry, 2 * K)  # level 2's frontier: two nodes below node 0, one below 1
-    mask = torch.cat([torch.ones(K, seq, dtype=torch.bool), front.ancestry,
-                      torch.eye(K, dtype=torch.bool)], dim=1)  # [K, seq + 2K]: level 2
-    got = fused.draft(head, front.ids, front.hidden, seq + 1, seq + K, caches[0].data, mask, K)
-    want = decode_children(head, front, seq + 1, seq + K, mask, caches[1])
-    for a, b in zip((*got, caches[0].data), (*want, caches[1].data)):
-        assert a.shape == b.shape and torch.equal(a, b)
-    state = EagleDraftInput(topk_p=torch.tensor([0.5, 0.3, 0.1]),
-                            topk_ids=torch.tensor([5, 9, 11]), hidden=torch.randn(H, generator=g),
-                            root=torch.tensor([4]), seq_len=seq)
-    trees = []
-    for on in (True, False):
-        fused.drafts = on
-        trees.append(draft(head, state, caches[0], TreeParams(3, 4, 10)))
-    for a, b in ((trees[0].scores, trees[1].scores), (trees[0].tokens, trees[1].tokens),
-                 (trees[0].parents, trees[1].parents)):
-        assert a.shape == b.shape == (3 + 3 * 9,) and torch.equal(a, b)
-    with pytest.raises(RuntimeError, match=r"visible must be a \[3, 13\] bool mask"):
-        fused.draft(head, front.ids, front.hidden, seq + 1, seq + K, caches[0].data, mask[:, 1:], K)
+    for K, S, seq in ((3, 4, 7), (1, 3, 9), (2, 2, 5), (4, 3, 12)):
+        for c in caches:  # the same committed rows, no scratch rows yet
+            c.data.copy_(prefix)
+            c.data[:, :, seq:] = 0
+        p = torch.rand(K, generator=g).sort(descending=True).values
+        state = EagleDraftInput(topk_p=p, topk_ids=torch.randperm(90, generator=g)[:K] + 3,
+                                hidden=torch.randn(H, generator=g), root=torch.tensor([4]),
+                                seq_len=seq)
+        trees = []
+        for on, cache in ((True, caches[0]), (False, caches[1])):
+            fused.drafts = on
+            trees.append(draft(head, state, cache, TreeParams(K, S, K + 1)))
+        fused.drafts = True
+        C = K + (S - 1) * K * K
+        for a, b in ((trees[0].scores, trees[1].scores), (trees[0].tokens, trees[1].tokens),
+                     (trees[0].parents, trees[1].parents), (caches[0].data, caches[1].data)):
+            assert a.shape == b.shape and torch.equal(a, b)
+        assert trees[0].scores.shape == (C,) and trees[0].scores.max() <= p.max()
+        written = caches[0].data[:, :, seq:seq + (S - 1) * K]
+        assert written.ne(0).any(-1).all()  # every scratch row of every level was written
+    with pytest.raises(RuntimeError, match=rf"hidden must be \[{H}\], got \[{H + 1}\]"):
+        fused.draft(head, p, state.topk_ids, torch.zeros(H + 1), 5, 2, caches[0].data)
+    with pytest.raises(RuntimeError, match=r"draft rows up to 56 past the head cache's 48"):
+        fused.draft(head, p, state.topk_ids, state.hidden, 44, 4, caches[0].data)
 
 
 def _load_in_a_new_process() -> subprocess.Popen[bytes]:

@@ -20,6 +20,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/rms_norm.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -1011,38 +1013,110 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
   return {out[0][0], out[1][0], out[2][0]};
 }
 
-// One draft decode step of an EAGLE-3 head in one call (`draft.draft` on a CPU, for the heads
-// `head_extend` serves except that `fc` plays no part; `draft.decode_children`'s Python steps
-// over the same kernels are the reference, with the same bits): the frontier's K tokens [K]
-// and recycled hidden [K, H] at one position (`position`, the same for every node: its depth
-// past the committed length), written to cache rows [start, start + K) and seeing what visible
-// [K, start + K] bool allows (the committed rows, each node's ancestors, itself), the lm_head
-// on every row, then each row's top-k of its softmax, mapped to target ids. Called from Python
-// as ~30 small steps, a level took ~0.4 ms more on a 2-core AVX2 CPU, and k3 s2 n6 decoded 2.2%
-// slower (docs/results.md, section 32); most of a level is its products, whose codes come from
-// memory. Returns [top-k probabilities [K, k] float32, their target ids [K, k] int64, the
+// One draft decode step of an EAGLE-3 head, the level `head_draft_tree` runs K nodes at a time:
+// the frontier's K tokens [K] and recycled hidden [K, H] at one position (`position`, the same
+// for every node: its depth past the committed length), written to cache rows [start, start +
+// K) and seeing what visible [K, start + K] bool allows (the committed rows, each node's
+// ancestors, itself), the lm_head on every row, then each row's top-k of its softmax, mapped to
+// target ids. Returns [top-k probabilities [K, k] float32, their target ids [K, k] int64, the
 // recycled hidden [K, H]].
-std::vector<at::Tensor> head_draft(at::Tensor tokens, at::Tensor hidden, at::Tensor embedding,
-                                   at::Tensor cos, at::Tensor sin, int64_t position,
-                                   at::Tensor kv, int64_t start, at::Tensor visible,
-                                   std::vector<at::Tensor> weights, int64_t heads,
-                                   int64_t kv_heads, double eps, at::Tensor final_norm,
-                                   bool norm_output, at::Tensor lm_codes, at::Tensor lm_scales,
-                                   int64_t vocab, at::Tensor d2t, int64_t topk) {
-  const int64_t K = token_rows(tokens), H = final_norm.numel();
-  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == K && hidden.size(1) == H,
-              "hidden must be [", K, ", ", H, "], got ", hidden.sizes());
-  TORCH_CHECK(position >= 0 && position < cos.size(0), "position ", position,
-              " past the RoPE table's ", cos.size(0));
-  TORCH_CHECK(visible.dim() == 2 && visible.size(0) == K && visible.size(1) == start + K &&
-                  visible.scalar_type() == at::kBool,
-              "visible must be a [", K, ", ", start + K, "] bool mask, got ",
-              visible.scalar_type(), " ", visible.sizes());
+static std::vector<at::Tensor> head_level(at::Tensor tokens, at::Tensor hidden,
+                                          at::Tensor embedding, at::Tensor cos, at::Tensor sin,
+                                          int64_t position, at::Tensor kv, int64_t start,
+                                          at::Tensor visible, const std::vector<at::Tensor>& weights,
+                                          int64_t heads, int64_t kv_heads, double eps,
+                                          at::Tensor final_norm, bool norm_output,
+                                          at::Tensor lm_codes, at::Tensor lm_scales,
+                                          int64_t vocab, at::Tensor d2t, int64_t topk) {
+  const int64_t K = tokens.size(0);
   at::Tensor c = cos.narrow(0, position, 1).expand({K, -1}).contiguous();  // [K, head_dim]
   at::Tensor s = sin.narrow(0, position, 1).expand({K, -1}).contiguous();
-  return head_rows(hidden.contiguous(), tokens, embedding, c, s, kv, start, visible.contiguous(),
-                   weights, heads, kv_heads, eps, final_norm, norm_output, lm_codes, lm_scales,
-                   vocab, d2t, topk, true);
+  return head_rows(hidden, tokens, embedding, c, s, kv, start, visible, weights, heads, kv_heads,
+                   eps, final_norm, norm_output, lm_codes, lm_scales, vocab, d2t, topk, true);
+}
+
+// An EAGLE-3 head's whole draft in one call (`draft.draft` on a CPU, for the heads `head_extend`
+// serves except that `fc` plays no part; `draft.draft`'s Python loop over `decode_children` and
+// `expand` is the reference, with the same bits): the extend's top-k (level 1: probabilities
+// topk_p [K] float32, target ids topk_ids [K] int64, the recycled hidden [H]), then `steps - 1`
+// levels, each a decode step over the K best paths so far (`head_level`, at position seq +
+// level, cache rows seq + level * K onwards, each node seeing the committed rows, its ancestors
+// and itself) and the expansion to their K * K children, whose K best paths are the next level's
+// frontier. Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch steps from
+// Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration
+// (docs/results.md, section 40); here the top-k of the paths is still `at::topk`, so ties fall as
+// they do in Python. Returns [scores [C] float32 (cumulative path probabilities), tokens [C]
+// int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (steps -
+// 1) * K * K.
+std::vector<at::Tensor> head_draft_tree(at::Tensor topk_p, at::Tensor topk_ids, at::Tensor hidden,
+                                        int64_t seq, int64_t steps, at::Tensor embedding,
+                                        at::Tensor cos, at::Tensor sin, at::Tensor kv,
+                                        std::vector<at::Tensor> weights, int64_t heads,
+                                        int64_t kv_heads, double eps, at::Tensor final_norm,
+                                        bool norm_output, at::Tensor lm_codes,
+                                        at::Tensor lm_scales, int64_t vocab, at::Tensor d2t) {
+  const int64_t K = token_rows(topk_ids), H = final_norm.numel();
+  TORCH_CHECK(topk_p.dim() == 1 && topk_p.size(0) == K && topk_p.scalar_type() == at::kFloat,
+              "topk_p must be [", K, "] float32, got ", topk_p.scalar_type(), " ",
+              topk_p.sizes());
+  TORCH_CHECK(hidden.dim() == 1 && hidden.size(0) == H, "hidden must be [", H, "], got ",
+              hidden.sizes());
+  TORCH_CHECK(steps >= 1 && seq >= 0, "steps must be >= 1 and seq >= 0, got ", steps, " and ",
+              seq);
+  TORCH_CHECK(seq + steps - 1 <= cos.size(0), "draft positions up to ", seq + steps - 2,
+              " past the RoPE table's ", cos.size(0));
+  TORCH_CHECK(seq + (steps - 1) * K <= kv.size(2), "draft rows up to ", seq + (steps - 1) * K,
+              " past the head cache's ", kv.size(2));
+  const auto long_opts = topk_ids.options();
+  std::vector<at::Tensor> scores{topk_p.contiguous()}, tokens{topk_ids.contiguous()},
+      parents{at::full({K}, -1, long_opts)};
+  // the frontier: its nodes' candidate indices, path scores, tokens, hidden and ancestry
+  // (anc[r * (levels * K) + j]: scratch row seq + j is an ancestor of node r)
+  std::vector<int64_t> index(K);
+  for (int64_t r = 0; r < K; ++r) index[r] = r;
+  at::Tensor score = scores[0], ids = tokens[0];
+  at::Tensor h = hidden.contiguous().expand({K, H}).contiguous();  // [K, H]
+  std::vector<uint8_t> anc;
+  int64_t offset = K;
+  for (int64_t level = 0; level + 1 < steps; ++level) {
+    const int64_t start = seq + level * K, width = start + K;
+    at::Tensor visible = at::empty({K, width}, long_opts.dtype(at::kBool));  // [K, start + K]
+    bool* v = visible.data_ptr<bool>();
+    for (int64_t r = 0; r < K; ++r) {
+      bool* row = v + r * width;
+      std::fill(row, row + seq, true);
+      for (int64_t j = 0; j < level * K; ++j) row[seq + j] = anc[r * level * K + j];
+      for (int64_t j = 0; j < K; ++j) row[start + j] = j == r;
+    }
+    auto ch = head_level(ids, h, embedding, cos, sin, seq + level, kv, start, visible, weights,
+                         heads, kv_heads, eps, final_norm, norm_output, lm_codes, lm_scales,
+                         vocab, d2t, K);  // [child probabilities [K, K], target ids [K, K], h]
+    at::Tensor path = score.unsqueeze(1).mul(ch[0]).flatten();  // [K * K] cumulative probability
+    at::Tensor level_parents = at::empty({K * K}, long_opts);
+    int64_t* lp = level_parents.data_ptr<int64_t>();
+    for (int64_t j = 0; j < K * K; ++j) lp[j] = index[j / K];
+    at::Tensor level_tokens = ch[1].flatten();
+    scores.push_back(path);
+    tokens.push_back(level_tokens);
+    parents.push_back(level_parents);
+    auto [best_score, best] = path.topk(K);  // the next frontier: the K best paths
+    const int64_t* b = best.data_ptr<int64_t>();
+    std::vector<int64_t> slot(K);
+    std::vector<uint8_t> next_anc(K * (level + 1) * K);
+    for (int64_t r = 0; r < K; ++r) {
+      slot[r] = b[r] / K;  // the frontier node it hangs below
+      index[r] = offset + b[r];
+      uint8_t* row = next_anc.data() + r * (level + 1) * K;
+      std::copy_n(anc.data() + slot[r] * level * K, level * K, row);
+      for (int64_t j = 0; j < K; ++j) row[level * K + j] = j == slot[r];
+    }
+    anc = std::move(next_anc);
+    score = best_score;
+    ids = level_tokens.index_select(0, best);
+    h = ch[2].index_select(0, at::from_blob(slot.data(), {K}, long_opts.device(at::kCPU)));
+    offset += K * K;
+  }
+  return {at::cat(scores), at::cat(tokens), at::cat(parents)};
 }
 
 void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same module
@@ -1059,5 +1133,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, unlocked(), "fused q4 target / q8 head layers over the rows of one or more sequences");
   m.def("head_extend", &head_extend, unlocked(), "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
-  m.def("head_draft", &head_draft, unlocked(), "an EAGLE-3 head's q8 draft decode step: layers, lm_head, each row's top-k");
+  m.def("head_draft_tree", &head_draft_tree, unlocked(), "an EAGLE-3 head's q8 draft: its decode steps over the best paths and their expansion");
 }

@@ -187,7 +187,7 @@ class FusedDecoder:
 
     @staticmethod
     def drafts_in_one_call(model: nn.Module) -> bool:
-        """A head whose draft decode steps `draft` runs (`head_draft` in
+        """A head whose draft `draft` runs (`head_draft_tree` in
         `kernels/cpu_lowbit.cpp`): q8 codes in the lm_head, float32 embeddings."""
         return _q8(model.lm_head) and model.embed_tokens.weight.dtype == torch.float32
 
@@ -219,20 +219,21 @@ class FusedDecoder:
             model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
             model.lm_head.out_features, model.d2t, topk))
 
-    def draft(self, model: nn.Module, tokens: torch.Tensor, hidden: torch.Tensor,
-              position: int, start: int, kv: torch.Tensor, visible: torch.Tensor, topk: int
+    def draft(self, model: nn.Module, topk_p: torch.Tensor, topk_ids: torch.Tensor,
+              hidden: torch.Tensor, seq: int, steps: int, kv: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A head's draft decode step as one C++ call (heads that `drafts`): the frontier's
-        tokens [K] and recycled hidden [K, H], all at `position`, written to rows [start,
-        start + K) of the head's one-row cache (`kv` = `KVCache.data`), each seeing what
-        visible [K, start + K] bool allows -> (each row's top-k probabilities [K, k], their
-        target ids [K, k], the recycled hidden [K, H]). `draft.decode_children` is the
-        reference, with the same bits."""
-        return tuple(cpu_lowbit.load().head_draft(
-            tokens, hidden, model.embed_tokens.weight, model.rope.cos, model.rope.sin, position,
-            kv, start, visible, self.weights, self.heads, self.kv_heads, self.eps,
+        """A head's whole draft as one C++ call (heads that `drafts`): level 1 is the extend's
+        top-k (probabilities topk_p [K], target ids topk_ids [K]) below the root, whose recycled
+        hidden [H] each level-1 node carries; then `steps - 1` decode steps over the K best
+        paths, at positions seq, seq + 1, ..., written to the head's one-row cache (`kv` =
+        `KVCache.data`) from row seq on, and each level's expansion -> (scores [C], tokens [C],
+        parents [C]) of `draft.Frontier`'s candidate layout. `draft.draft`'s Python loop
+        (`decode_children`, `expand`) is the reference, with the same bits."""
+        return tuple(cpu_lowbit.load().head_draft_tree(
+            topk_p, topk_ids, hidden, seq, steps, model.embed_tokens.weight, model.rope.cos,
+            model.rope.sin, kv, self.weights, self.heads, self.kv_heads, self.eps,
             self.final_norm, model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
-            model.lm_head.out_features, model.d2t, topk))
+            model.lm_head.out_features, model.d2t))
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
         """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
