@@ -142,10 +142,11 @@ class FusedDecoder:
     norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
     reference) otherwise. A head's whole draft extend (`fc`, the layers, the lm_head, the
-    top-k) can run as one call too (`extend`), and so can each later draft decode step (the
-    layers, the lm_head and each row's top-k: `draft`). Its KV caches hold `kv_dtype`
-    (float16: a step over a long context reads half the bytes of float32 keys and values); the
-    models' `new_cache` asks for it, and their Python layers widen what they read."""
+    top-k) can run as one call too (`extend`), and so can its whole draft past the first level
+    (each decode step's layers, lm_head and top-k, and the expansion to the best paths:
+    `draft`). Its KV caches hold `kv_dtype` (float16: a step over a long context reads half
+    the bytes of float32 keys and values); the models' `new_cache` asks for it, and their
+    Python layers widen what they read."""
 
     kv_dtype = torch.float16
 
