@@ -1,8 +1,9 @@
 """Does the app's scheduler decode faster with a head's solo phases than with its batched steps
 of another commit, when a head serves one request?
 
-    PYTHONPATH=. python benchmarks/scheduler_phases.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        --compare-commit eb4fe2c [--limit 40] [--tree 2,2,5,0.05] [--max-new-tokens 128]
+    PYTHONPATH=. python benchmarks/scheduler_phases.py \
+        --prompts ../shared/data/prompts/mtbench.jsonl --compare-commit eb4fe2c \
+        [--limit 40] [--tree 2,2,5,0.05] [--max-new-tokens 128]
 
 One process, the bundled q4 target and the default head. Each prompt's first turn is answered
 through a one-request `Scheduler` stepped on the calling thread, with the trace on (as the app

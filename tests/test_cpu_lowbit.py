@@ -398,7 +398,7 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
 def test_one_call_draft_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's whole draft as one C++ call (`FusedDecoder.draft`) gives the bits of its
     Python loop over the same kernels (`decode_children`, `expand`): every candidate's score,
-    token and parent, and the scratch cache rows its decode steps write, for trees of one to
+    token and parent, and the scratch cache rows its decode steps write, for trees of two to
     four levels and one to four nodes a level. A norm inside `fc` does not keep a head from
     the one call."""
     from eagle_engine.draft import draft
