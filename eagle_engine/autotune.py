@@ -60,8 +60,11 @@ CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
 FIRST_ANSWER = 128  # tokens of the plain first answer that a second turn follows
 NEW_TOKENS = 48  # tokens decoded per timed request
 ROUNDS = 1
-NOISE_Z = 2.0  # a tree replaces the static default when its mean gain exceeds this many
-# standard errors of the paired samples (one-sided, ~3-4% chance on a tie with 12 samples)
+NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds this many
+# standard errors of the paired samples. Five candidates face the default, each on 12 samples
+# whose standard error is itself estimated: at 2.0 a tie passed ~15% of the time, and 2 of 7
+# runs on one CPU chose a tree the full MT-bench put 2.5% behind (docs/results.md, section 40);
+# at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 
 def astuple(tree: TreeParams) -> tuple[int, int, int, float]:

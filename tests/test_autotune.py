@@ -106,9 +106,10 @@ AHEAD = [r * 1.2 for r in DEFAULT]
 
 
 def test_the_static_default_stays_unless_another_tree_wins_beyond_the_noise() -> None:
-    """A tree whose mean is higher only within the noise of the paired samples does not replace
-    the default; a steadily faster one does, and of two such the larger gain wins; a tree
-    steadily slower never does. Without the default (its output was wrong) the fastest wins."""
+    """A tree whose mean is higher only within the noise of the paired samples (three standard
+    errors: five candidates face the default) does not replace the default; a steadily faster
+    one does, and of two such the larger gain wins; a tree steadily slower never does. Without
+    the default (its output was wrong) the fastest wins."""
     assert autotune.mean_rate(NOISY) > autotune.mean_rate(DEFAULT)
     assert autotune.paired_gain(NOISY, DEFAULT) == pytest.approx((0.0243, 0.0283), abs=1e-4)
     assert autotune.paired_gain(STEADY, DEFAULT) == pytest.approx((0.0327, 0.0041), abs=1e-4)
@@ -121,6 +122,11 @@ def test_the_static_default_stays_unless_another_tree_wins_beyond_the_noise() ->
     slower = [r * 0.97 for r in DEFAULT]
     assert autotune.choose("default", {"slower": slower, "default": DEFAULT}) == "default"
     assert autotune.choose("default", {"noisy": NOISY, "steady": STEADY}) == "steady"
+    # +2.4% at 2.6 standard errors: beyond two, within the three that five candidates need
+    near = [r * f for r, f in zip(DEFAULT, (1.05, 1.0, 1.045, 0.995, 1.035, 1.02))]
+    gain, noise = autotune.paired_gain(near, DEFAULT)
+    assert 2 * noise < gain < 3 * noise
+    assert autotune.choose("default", {"default": DEFAULT, "near": near}) == "default"
 
 
 def test_measure_judges_against_the_static_default_not_the_last_choice(
