@@ -4,9 +4,13 @@
 # brings back at most 64 MiB from $OUT, in files of at most 16 MiB; a machine stays warm 30 s
 # after a call. The bundled target's GGUF is 98 MB and the shipped heads 67 MB, so:
 #
-#   here    deploy/gpu_window.sh prepare [PARTS]   .device/: the GGUF in parts, the gguf wheel,
-#                                                  MT-bench; prints each call's size
-#           git switch -c gpu-slim && git rm -rq assets/heads && git commit -qm "device calls"
+#   here    deploy/gpu_window.sh prepare [PARTS [HEAD...]]
+#                                                  .device/: the GGUF in parts, the gguf wheel,
+#                                                  MT-bench; prints each call's size from a
+#                                                  device branch without the shipped heads but
+#                                                  HEAD... (a head that `--init-from` continues:
+#                                                  the default head's 20 MB fit with 3 parts),
+#                                                  and the commands that make that branch
 #   device  deploy/gpu_window.sh stage             carry .device/part-0 .device/target.sha256
 #           ... one call a part, each within 30 s of the last; the last call carries .device/whl
 #           deploy/gpu_window.sh train ARGS        -> python3 -m eagle_engine train --target
@@ -65,6 +69,13 @@ send_out() {  # <stash>/out -> $OUT, also after a failed command
 case ${1:-} in
   prepare)  # here
     parts=${2:-2}
+    keep=("${@:3}")
+    for head in "${keep[@]}"; do
+      if [ ! -d "assets/heads/$head" ]; then
+        echo "error: no shipped head assets/heads/$head" >&2
+        exit 2
+      fi
+    done
     gguf=$(python3 -c "from eagle_engine.models.loader import bundled_gguf_path as p; print(p())")
     rm -rf .device && mkdir -p .device/whl
     size=$(stat -c %s "$gguf")
@@ -76,9 +87,21 @@ case ${1:-} in
     [ -f ../shared/data/prompts/mtbench.jsonl ] && cp ../shared/data/prompts/mtbench.jsonl .device/
     tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
     heads=$(git ls-files -z assets/heads | xargs -0 -r du -cb | tail -1 | cut -f1)
-    echo "tracked files: $(mib "$tree") (heads: $(mib "${heads:-0}"))"
+    kept=0
+    for head in "${keep[@]}"; do
+      kept=$((kept + $(git ls-files -z "assets/heads/$head" | xargs -0 du -cb | tail -1 | cut -f1)))
+    done
+    sent=$((tree - ${heads:-0} + kept))
+    echo "tracked files: $(mib "$tree") (heads: $(mib "${heads:-0}")); on the device branch," \
+         "without the heads but ${keep[*]:-none}: $(mib "$sent")"
+    drop=$(for d in assets/heads/*/; do  # the shipped heads not kept
+      d=${d%/}
+      [[ " ${keep[*]} " == *" ${d##*/} "* ]] || echo "$d"
+    done)
+    echo "the device branch: git switch -c gpu-slim && git rm -rq $(echo $drop) &&" \
+         "git commit -qm \"device calls\""
     for part in .device/part-*; do
-      total=$((tree + $(du -cb "$part" .device/target.sha256 .device/whl | tail -1 | cut -f1)))
+      total=$((sent + $(du -cb "$part" .device/target.sha256 .device/whl | tail -1 | cut -f1)))
       verdict=$([ "$total" -le "$limit" ] && echo "fits" || echo "OVER the 64 MiB limit")
       echo "a call carrying $part and the wheel: $(mib "$total") with the tracked files, $verdict"
     done
