@@ -26,6 +26,8 @@ from eagle_engine.events import StepEvent, TokenSpan, TreeNode
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
+# a prompt whose answer streams over many frames on any CPU here: runs past 512 tokens
+STORY = "Write a long story about a robot who learns to paint."
 HEAD_SPECS = {"eagle3-aux-1layer": dict(num_layers=1, use_aux=True),
               "eagle3-aux-2layer": dict(num_layers=2, use_aux=True),
               "eagle3-noaux-1layer": dict(num_layers=1, use_aux=False)}

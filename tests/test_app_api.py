@@ -20,6 +20,7 @@ import pytest
 from eagle_engine.config import EngineConfig, TreeParams
 from eagle_engine.events import StepEvent
 from eagle_engine.ui_render import first_difference
+from tests.app_fixtures import STORY
 
 if TYPE_CHECKING:
     from tests.app_fixtures import AppServer
@@ -31,7 +32,6 @@ OUT = {name: i for i, name in enumerate(  # outputs of /chat as the client retur
     ("prompt", "chat", "status", "tiles", "plot", "tree", "timing", "compare", "run"))}
 SMALL = dict(max_new_tokens=24, temperature=0.0)
 PROMPT = "Write a Python function that reverses a string."
-STORY = "Write a long story about a robot who learns to paint."  # runs past 512 tokens
 ALLOWED_TAGS = {"div", "span", "del"}
 
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.app_fixtures import STORY
+
 if TYPE_CHECKING:
     from tests.app_fixtures import AppServer, PageProbe
 
@@ -24,7 +26,6 @@ SHOTS = REPO / "assets" / "screenshots"
 ARTIFACTS = REPO / "tests" / "artifacts"
 UPDATE = os.environ.get("UPDATE_SCREENSHOTS") == "1"
 DONE_TIMEOUT_MS = 120_000
-STORY = "Write a long story about a robot who learns to paint."  # runs past 512 tokens
 PIXEL_THRESHOLD = 16  # max channel difference that counts as a changed pixel
 MAX_CHANGED_FRACTION = 0.001
 # Records, in the page, when Send is pressed and when the first token span appears in the chat.
