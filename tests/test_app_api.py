@@ -53,6 +53,16 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
                      "context_drafts", "min_score"]
 
 
+def test_startup_freezes_the_loaded_objects_out_of_garbage_collection(app_server: AppServer) -> None:
+    """A full collection over the loaded engines' objects stalls a stream ~0.2 s; `app.main`
+    freezes them once they are loaded (docs/results.md, sections 40-41)."""
+    lines = [ln for ln in app_server.log_path.read_text(errors="replace").splitlines()
+             if "left out of garbage collection" in ln]
+    assert len(lines) == 1, app_server.log_tail()
+    frozen = int(lines[0].split(" objects of the loaded engines")[0].rsplit(" ", 1)[-1])
+    assert frozen > 100_000, lines[0]
+
+
 def test_dense_target_weights_answer_from_the_sidebar(app_server: AppServer) -> None:
     """"Target weights" offers the dense copy beside the default q4 target: a real answer, with
     drafts accepted, and the run record names the weights."""
