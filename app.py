@@ -34,7 +34,8 @@ from eagle_engine.config import (CONTEXT_DRAFTS, ConfigError, EngineConfig, Samp
                                  TreeParams)
 from eagle_engine.events import StepEvent
 from eagle_engine.scheduler import Scheduler
-from eagle_engine.speed_estimate import Estimate, PlainRate, estimate, measure
+from eagle_engine.speed_estimate import (Estimate, PlainRate, estimate, measure,
+                                         measured_speedup)
 
 log = logging.getLogger("app")
 T = TypeVar("T")
@@ -198,8 +199,7 @@ class Playground:
                 yield pack(status=f"Baseline… {base.num_tokens} tokens",
                            compare=ui.compare_html(view, base, sampling.greedy, False))
             rate.observe(len(ids), base.stats)
-            b_tps, tps = base.stats.get("tokens_per_s", 0.0), view.stats.get("tokens_per_s", 0.0)
-            speedup = tps / b_tps if b_tps else None
+            speedup = measured_speedup(view.stats, base.stats)
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         reused = view.stats.get("reused_tokens", 0)
         status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "

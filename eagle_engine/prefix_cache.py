@@ -19,8 +19,11 @@ With q4 weights a row's numbers do not depend on the other rows of a forward
 (`kernels/cpu_lowbit.cpp`), so the caches and the answer equal those of a full prefill bit for
 bit; dense weights may differ in float rounding (prefill and short forwards take different
 attention kernels, `models/layers.attend`). Memory is bounded by `max_bytes`: the least
-recently used entries are evicted first, an entry whose tokens extend another's replaces it,
-and `max_bytes` 0 turns reuse off.
+recently used entries are evicted first, and `max_bytes` 0 turns reuse off. An entry whose
+tokens extend another's replaces it, unless that one holds another head's draft rows; an entry
+without draft rows takes over those of the one it replaces, which stay valid for its longer
+prompt (so a baseline run after an EAGLE-3 run of the same prompt, as the playground's compare
+makes, keeps the head's rows for the next turn).
 Not here: running the prefill (`engine.Run`), or deciding when a request ends (engine, scheduler).
 """
 from __future__ import annotations
@@ -105,7 +108,8 @@ class PrefixCache:
     def store(self, tokens: list[int], target_cache: KVCache, head: str | None,
               draft_cache: KVCache | None, draft_rows: int) -> None:
         """Keep a copy of rows [0, len(tokens)) of `target_cache` (token k in row k) and rows
-        [0, draft_rows) of `draft_cache` written by `head`; then evict down to `max_bytes`."""
+        [0, draft_rows) of `draft_cache` written by `head`, dropping the entries it supersedes;
+        then evict down to `max_bytes`."""
         n = len(tokens)
         if self.max_bytes <= 0 or n == 0:
             return
@@ -113,12 +117,17 @@ class PrefixCache:
         draft = None
         if head is not None and draft_cache is not None and draft_rows > 0:
             draft = draft_cache.data[:, :, :min(draft_rows, n)].clone()
+        prefixes = [e for k, e in self._entries.items() if key[:len(k)] == k]
+        if draft is None:  # a baseline run: a head's rows for a prefix of these tokens still hold
+            draft, head = max(((e.draft, e.head) for e in prefixes if e.draft is not None),
+                              key=lambda d: d[0].shape[2], default=(None, None))
         entry = PrefixEntry(key, target_cache.data[:, :, :n].clone(), head if draft is not None
                             else None, draft)
         if entry.nbytes > self.max_bytes:
             return
-        for old in [k for k in self._entries if key[:len(k)] == k]:  # superseded by this one
-            del self._entries[old]
+        for old in prefixes:  # superseded, unless it holds another head's rows
+            if old.head is None or old.head == entry.head:
+                del self._entries[old.tokens]
         self._entries[key] = entry
         while self.nbytes > self.max_bytes:
             self._entries.popitem(last=False)

@@ -2,6 +2,7 @@
 (the target alone) would have taken for the same tokens, from the target's measured plain
 decoding speed at this context length.
 
+`measured_speedup` is the figure a compare run measures, on the same terms.
 `PlainRate` holds one target's (one weights format's) seconds per plain-decoding token as a line
 in the context length, fitted to observations: two runs at warm-up (`measure`, a short and a
 long context) and then every plain run the app makes (`PlainRate.observe`). `estimate` compares
@@ -84,6 +85,21 @@ def estimate(rate: PlainRate, prompt_len: int, stats: dict[str, Any]) -> Estimat
     prefill = float(stats.get("prefill_s", 0.0))
     per_token = decode / (n - 1) if n > 1 else 0.0
     return Estimate((prefill + decode) / elapsed, prefill + decode, prefill, 1000 * per_token)
+
+
+def measured_speedup(stats: dict[str, Any], base: dict[str, Any]) -> float | None:
+    """The speedup a compare run measured: the baseline's decoding time per token (its steps
+    after prefill) over this answer's tokens, plus this answer's own prefill, against this
+    answer's engine time; None when the baseline decoded no step. The baseline runs second and
+    finds the prompt in the prefix cache, so its own prefill is left out: both sides then count
+    the same prompt work, as `estimate` does."""
+    steps = int(base.get("num_tokens", 0)) - 1
+    decode = float(base.get("elapsed_s", 0.0)) - float(base.get("prefill_s", 0.0))
+    elapsed = float(stats.get("elapsed_s", 0.0))
+    if steps < 1 or decode <= 0 or elapsed <= 0:
+        return None
+    n = int(stats.get("num_tokens", 0))
+    return (float(stats.get("prefill_s", 0.0)) + max(n - 1, 0) * decode / steps) / elapsed
 
 
 def measure(engine: Any, tokens: int = WARMUP_TOKENS) -> PlainRate:

@@ -165,7 +165,9 @@ def speedup_tile(speedup: float | None, estimate: Estimate | None,
     """The measured speedup when the baseline ran, else the estimate, marked as one."""
     if speedup:
         return _tile("tile-speedup", f"{speedup:.2f}×", "speedup vs baseline (measured)",
-                     "EAGLE tokens/s ÷ baseline tokens/s, both measured on this prompt")
+                     ("the baseline's time for these tokens ÷ this answer's engine time, both "
+                      "measured on this prompt; both count this answer's prefill (the baseline "
+                      "ran second, with the prompt already cached)"))
     if estimate:
         hint = estimate.explain(int(stats.get("num_tokens", 0)), stats.get("elapsed_s", 0.0))
         return _tile("tile-speedup", f"≈{estimate.speedup:.2f}×",

@@ -121,6 +121,20 @@ def test_a_head_never_reuses_another_heads_draft_rows(engine: EagleEngine) -> No
     assert engine.generate(follow, GREEDY, TREE, "other").token_ids == other.token_ids
 
 
+def test_a_baseline_run_keeps_the_heads_rows_for_the_next_turn(engine: EagleEngine) -> None:
+    """The playground's compare runs the baseline after EAGLE-3 on the same prompt: its entry
+    holds the same tokens without draft rows and must not replace the head's."""
+    engine.prefix_cache = PrefixCache(64 * 2 ** 20)
+    prompt = [1] + user_turn(5, 16)
+    answer = engine.generate(prompt, GREEDY, TREE, "head").token_ids
+    assert engine.generate(prompt, GREEDY, TREE, None).token_ids == answer
+    follow = prompt + answer + user_turn(6)
+    reused = engine.generate(follow, GREEDY, TREE, "head")
+    assert reused.stats.reused_tokens == len(prompt) + len(answer) - 2  # as in a chat without compare
+    engine.prefix_cache = PrefixCache(0)
+    assert engine.generate(follow, GREEDY, TREE, "head").token_ids == reused.token_ids
+
+
 def entry(tokens: list[int], head: str | None = None, draft_rows: int = 0) -> PrefixEntry:
     draft = torch.zeros(2, 1, draft_rows, 8) if head else None
     return PrefixEntry(tuple(tokens), torch.zeros(4, 1, len(tokens), 8), head, draft)

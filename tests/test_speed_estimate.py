@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle_engine.speed_estimate import PlainRate, estimate
+from eagle_engine.speed_estimate import PlainRate, estimate, measured_speedup
 
 
 def plain_stats(prompt_len: int, n: int, a: float, b: float, prefill: float) -> dict:
@@ -55,3 +55,15 @@ def test_estimate_is_plain_time_over_the_answers_engine_time() -> None:
     assert "Estimated, not measured" in est.explain(41, 0.3)
     assert estimate(PlainRate(), 100, answer) is None
     assert estimate(rate, 100, {"num_tokens": 0, "elapsed_s": 0.0}) is None
+
+
+def test_measured_speedup_counts_the_answers_prefill_on_both_sides() -> None:
+    """The compare baseline finds the prompt cached (prefill ~0): its decoding rate over the
+    answer's tokens plus the answer's own prefill, against the answer's time."""
+    answer = {"num_tokens": 41, "prefill_s": 0.05, "elapsed_s": 0.25}
+    base = {"num_tokens": 21, "prefill_s": 0.002, "elapsed_s": 0.202}  # 10 ms a step
+    assert measured_speedup(answer, base) == pytest.approx((0.05 + 40 * 0.010) / 0.25)
+    # tokens/s alone would credit the baseline with the prefill the answer paid for it
+    assert measured_speedup(answer, base) > (41 / 0.25) / (21 / 0.202)
+    assert measured_speedup(answer, {"num_tokens": 1, "prefill_s": 0.1, "elapsed_s": 0.1}) is None
+    assert measured_speedup({"num_tokens": 0, "elapsed_s": 0.0}, base) is None
