@@ -5,9 +5,9 @@ Owns the layout, the sidebar -> request mapping, the streaming handlers and star
 model package, engine load with warm-up, plus a copy of the target with the other weights
 (q4 <-> dense) on a CPU, each target's plain-decoding speed for the speedup estimate, the
 loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
-GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B
-visitors are answered at once: their requests go to one `Scheduler` per engine, stepped
-together on the engine thread; B = 1 answers one request at a time.
+GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B visitors are answered at
+once: their requests go to one `Scheduler` per engine, stepped together on the engine thread;
+B = 1 answers one request at a time.
 Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
 """
 from __future__ import annotations

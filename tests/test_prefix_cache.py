@@ -117,6 +117,9 @@ def test_a_head_never_reuses_another_heads_draft_rows(engine: EagleEngine) -> No
     follow = prompt + answer + user_turn(4)
     other = engine.generate(follow, GREEDY, TREE, "other")
     assert other.stats.reused_tokens == 0
+    # the other head's longer entry leaves the first head's in place (switching back reuses)
+    assert engine.generate(follow, GREEDY, TREE, "head").stats.reused_tokens == (
+        len(prompt) + len(answer) - 2)
     engine.prefix_cache = PrefixCache(0)
     assert engine.generate(follow, GREEDY, TREE, "other").token_ids == other.token_ids
 
@@ -130,7 +133,7 @@ def test_a_baseline_run_keeps_the_heads_rows_for_the_next_turn(engine: EagleEngi
     assert engine.generate(prompt, GREEDY, TREE, None).token_ids == answer
     follow = prompt + answer + user_turn(6)
     reused = engine.generate(follow, GREEDY, TREE, "head")
-    assert reused.stats.reused_tokens == len(prompt) + len(answer) - 2  # as in a chat without compare
+    assert reused.stats.reused_tokens == len(prompt) + len(answer) - 2  # as without compare
     engine.prefix_cache = PrefixCache(0)
     assert engine.generate(follow, GREEDY, TREE, "head").token_ids == reused.token_ids
 
