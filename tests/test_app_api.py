@@ -53,7 +53,8 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
                      "context_drafts", "min_score"]
 
 
-def test_startup_freezes_the_loaded_objects_out_of_garbage_collection(app_server: AppServer) -> None:
+def test_startup_freezes_the_loaded_objects_out_of_garbage_collection(app_server: AppServer
+                                                                       ) -> None:
     """A full collection over the loaded engines' objects stalls a stream ~0.2 s; `app.main`
     freezes them once they are loaded (docs/results.md, sections 40-41)."""
     lines = [ln for ln in app_server.log_path.read_text(errors="replace").splitlines()
