@@ -21,9 +21,11 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +55,9 @@ FRAME_INTERVAL_S = 0.25
 # ran ~7% slower than with "minimal" (the elapsed time alone; docs/results.md, section 38). The
 # status line itself says what the engine is doing.
 PROGRESS = "minimal"
+# How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
+# a prefill at worst) before Gradio cancels the run between two frames.
+STOP_WAIT_S = 10.0
 # The step plot is a Vega chart the browser redraws for every frame that carries it: with the
 # plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
 # an answer streams the plot moves at most once per this interval; the last frame draws it.
@@ -98,6 +103,43 @@ class EngineThread:
         return self._pool.submit(fn, *args)
 
 
+class StopFlags:
+    """The Stop button, the cooperative way: each session's streaming answer holds a flag that
+    it reads after every engine step, and ends with a last frame once the flag is set. Gradio's
+    `cancels` alone ends a run between two frames, and about one stop in eight then left a red
+    "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
+    takes back answers still waiting in the queue, which have no flag yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}  # stop, ended
+
+    @contextmanager
+    def running(self, session: str | None) -> Iterator[threading.Event]:
+        """The flag of an answer streaming for `session` (None: an answer no Stop can reach)."""
+        stop, ended = threading.Event(), threading.Event()
+        if session is not None:
+            with self._lock:
+                self._runs[session] = (stop, ended)
+        try:
+            yield stop
+        finally:
+            ended.set()
+            with self._lock:
+                if session is not None and self._runs.get(session, (None, None))[0] is stop:
+                    del self._runs[session]
+
+    def stop(self, session: str | None, timeout: float) -> bool:
+        """Set the flag of `session`'s streaming answer and wait until the answer has ended;
+        False when none was streaming or it did not end within `timeout` seconds."""
+        with self._lock:
+            flags = self._runs.get(session) if session is not None else None
+        if flags is None:
+            return False
+        flags[0].set()
+        return flags[1].wait(timeout)
+
+
 class Playground:
     """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
     a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
@@ -115,6 +157,7 @@ class Playground:
         self.frame_interval, self.plot_interval = frame_interval, plot_interval
         # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
         self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
+        self.stops = StopFlags()
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
         """Readable reasons to refuse a request (the engine's messages name the parameter)."""
@@ -156,35 +199,44 @@ class Playground:
         finally:
             handle.cancel()
 
-    def run(self, turns: list[dict], user_text: str, s: ui.Settings) -> Iterator[tuple]:
+    def run(self, turns: list[dict], user_text: str, s: ui.Settings,
+            session: str | None = None) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
         step, then at most one per `frame_interval` seconds, and the final one; the step plot
-        in the first, then at most once per `plot_interval` seconds, and in the final one."""
+        in the first, then at most once per `plot_interval` seconds, and in the final one.
+        Stop (`stop` with the same `session`) ends it after the engine step in flight."""
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
+        with self.stops.running(session) as stop:
+            yield from self._answer(turns, user_text, s, stop)
+
+    def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
+                stop: threading.Event) -> Iterator[tuple]:
         sampling, tree, head = s.request(self.heads)
         engine, rate = self.engines[s.weights], self.rates[s.weights]
         messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
         ids = engine.encode(messages)
         t0 = time.perf_counter()
-        view, events = ui.AnswerView(), self._steps(engine, ids, sampling, tree, head)
-        first = next(events)  # context-window and engine errors surface before history changes
-        turns = [*turns, {}]
-        batches = []  # how many requests shared each step
+        view = ui.AnswerView()
+        with closing(self._steps(engine, ids, sampling, tree, head)) as events:
+            first = next(events)  # context-window and engine errors surface before history changes
+            turns = [*turns, {}]
+            batches = []  # how many requests shared each step
 
-        def add(ev: StepEvent) -> None:
-            view.add(ev)
-            batches.append(ev.batch)
-        plotted = -math.inf  # when a frame last carried the plot
-        for ev in paced(itertools.chain([first], events), add, self.frame_interval):
-            turns[-1] = answer_turn(user_text, view)
-            status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
-                      f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
-            now = time.perf_counter()
-            plot = now - plotted >= self.plot_interval
-            plotted = now if plot else plotted
-            yield self._frame(turns, status, view, head, None, s.weights,
-                              estimate(rate, len(ids), view.stats) if head else None, plot=plot)
+            def add(ev: StepEvent) -> None:
+                view.add(ev)
+                batches.append(ev.batch)
+            plotted = -math.inf  # when a frame last carried the plot
+            for ev in paced(itertools.chain([first], events), add, self.frame_interval, stop):
+                turns[-1] = answer_turn(user_text, view)
+                status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
+                          f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
+                now = time.perf_counter()
+                plot = now - plotted >= self.plot_interval
+                plotted = now if plot else plotted
+                yield self._frame(turns, status, view, head, None, s.weights,
+                                  estimate(rate, len(ids), view.stats) if head else None,
+                                  plot=plot)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
         # the estimate comes before any baseline of this prompt refreshes the rate
@@ -192,14 +244,21 @@ class Playground:
         speedup, base = None, None
         if head is None:
             rate.observe(len(ids), view.stats)
-        elif s.compare:
+        elif s.compare and not stop.is_set():
             base = ui.AnswerView()
-            for _ in paced(self._steps(engine, ids, sampling, tree, None), base.add,
-                           self.frame_interval):
-                yield pack(status=f"Baseline… {base.num_tokens} tokens",
-                           compare=ui.compare_html(view, base, sampling.greedy, False))
-            rate.observe(len(ids), base.stats)
-            speedup = measured_speedup(view.stats, base.stats)
+            with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
+                for _ in paced(base_events, base.add, self.frame_interval, stop):
+                    yield pack(status=f"Baseline… {base.num_tokens} tokens",
+                               compare=ui.compare_html(view, base, sampling.greedy, False))
+            if not stop.is_set():
+                rate.observe(len(ids), base.stats)
+                speedup = measured_speedup(view.stats, base.stats)
+        if stop.is_set():
+            status = (f"Stopped the baseline after {tokens(base.num_tokens)}; the answer above "
+                      "is complete." if base else f"Stopped after {tokens(view.num_tokens)}.")
+            yield self._frame(turns, status + " The engine is ready for the next message.", view,
+                              head, None, s.weights, est, base, sampling.greedy)
+            return
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         reused = view.stats.get("reused_tokens", 0)
         status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
@@ -207,7 +266,7 @@ class Playground:
                   f" · {s.weights} target"
                   + (f" · steps shared by up to {max(batches)} requests"
                      if max(batches) > 1 else "")
-                  + (f" · {reused} prompt tokens reused from the last turn" if reused else ""))
+                  + (f" · {reused} prompt tokens reused from the cache" if reused else ""))
         yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
                           sampling.greedy)
 
@@ -226,24 +285,27 @@ class Playground:
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
              max_new_tokens: int, seed: float | None, compare: bool, weights: str,
-             context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0) -> Iterator[tuple]:
+             context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
+             request: gr.Request | None = None) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score))
+            max_new_tokens, seed, compare, weights, context_drafts, min_score),
+            request.session_hash if request else None)
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
                    max_new_tokens: int, seed: float | None, compare: bool, weights: str,
-                   context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0
-                   ) -> Iterator[tuple]:
+                   context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
+                   request: gr.Request | None = None) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score))
+            max_new_tokens, seed, compare, weights, context_drafts, min_score),
+            request.session_hash if request else None)
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
@@ -257,9 +319,10 @@ class Playground:
                     tiles=ui.tiles_html({}, False), plot=ui.steps_frame([]), tree=ui.tree_svg([]),
                     timing=ui.timing_html({}), compare="", run=None)
 
-    def stopped(self, turns: list[dict]) -> str:
-        n = turns[-1].get("tokens", 0) if turns else 0
-        return f"Stopped after {n} tokens. The engine is ready for the next message."
+    def stop(self, request: gr.Request | None = None) -> None:
+        """Stop: the session's streaming answer ends after its engine step in flight, with a last
+        frame that says so; Gradio then cancels the session's answers still in the queue."""
+        self.stops.stop(request.session_hash if request else None, STOP_WAIT_S)
 
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
         """Updates for aux, layers and the head note: only combinations with a loaded head."""
@@ -276,18 +339,25 @@ class Playground:
 
 
 def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
-          interval: float) -> Iterator[StepEvent]:
+          interval: float, stop: threading.Event | None = None) -> Iterator[StepEvent]:
     """`add` every event; yield the first one and then those arriving at least `interval` after
     the previous yield returned (the caller draws a frame for them). The caller draws the last
     state itself once the events end. When B requests shared the event's engine step, the
     interval is B times as long: the server then draws about as many frames per second for
-    all its visitors together as for one (frames cost the CPU the engine runs on)."""
+    all its visitors together as for one (frames cost the CPU the engine runs on). Ends early
+    once `stop` is set (read after every event)."""
     last = None
     for ev in events:
         add(ev)
+        if stop is not None and stop.is_set():
+            return
         if last is None or time.perf_counter() - last >= interval * ev.batch:
             yield ev
             last = time.perf_counter()
+
+
+def tokens(n: int) -> str:
+    return f"{n} token{'s' * (n != 1)}"
 
 
 def shared(batch: int) -> str:
@@ -370,8 +440,11 @@ def _main_panel() -> dict[str, Any]:
     # no visible label: Gradio draws it over the answer's first line
     o["chat"] = gr.Chatbot(label="Chat", show_label=False, height=420, render_markdown=False,
                            elem_id="chat")
-    o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something…", lines=2,
-                             max_lines=8, elem_id="prompt")
+    # one line to start: Enter sends and Shift+Enter breaks the line, as in chat apps (Gradio
+    # sends on Shift+Enter instead once a box starts with more lines); the box grows to 8
+    o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something… (Enter sends, "
+                             "Shift+Enter starts a new line)", lines=1, max_lines=8,
+                             elem_id="prompt")
     with gr.Row():
         o["send"] = gr.Button("Send", variant="primary", elem_id="send")
         o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -415,8 +488,8 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                                    api_visibility="private", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw)]
-        o["stop"].click(None, None, None, cancels=runs, queue=False).then(
-            pg.stopped, o["history"], o["status"], queue=False, api_name="stop")
+        o["stop"].click(pg.stop, None, None, queue=False, api_name="stop").then(
+            None, None, None, cancels=runs, queue=False)
         o["clear"].click(pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
     return demo

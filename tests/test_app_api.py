@@ -304,6 +304,24 @@ def test_stop_leaves_engine_ready_for_an_identical_answer(app_server: AppServer)
     assert len(again[OUT["chat"]]) == 2, "regenerate replaces the stopped answer"
 
 
+def test_stop_ends_the_answer_itself_with_a_last_frame(app_server: AppServer) -> None:
+    """/stop (the Stop button) ends the session's answer after the step in flight: the run
+    finishes with a "Stopped" frame instead of being cancelled between frames, which in the
+    browser left an "Error" badge on the status line about one stop in eight."""
+    from gradio_client.utils import Status
+
+    client = app_server.client()
+    job = client.submit(STORY, max_new_tokens=512, api_name="/chat")
+    while len(job.outputs()) < 2 and not job.done():
+        time.sleep(0.05)
+    client.predict(api_name="/stop")
+    job.result(timeout=30)
+    assert job.status().code == Status.FINISHED
+    status = job.outputs()[-1][OUT["status"]]
+    assert re.match(r"Stopped after \d+ tokens?\. The engine is ready", status), status
+    assert client.predict(**SMALL, api_name="/regenerate")[OUT["status"]].startswith("Done")
+
+
 def test_clear_resets_history(app_server: AppServer) -> None:
     client = app_server.client()
     client.predict("Say hello.", max_new_tokens=4, api_name="/chat")

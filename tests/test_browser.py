@@ -1,8 +1,9 @@
 """Browser tests: Debian's Chromium (pip playwright, `executable_path`) on the app launched by
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
 sidebar, a typed prompt streams an answer with the token kinds in the legend's styles, the
-sidebar controls show their effect, Stop freezes the answer and the page keeps working, bad
-input gives a toast, two tabs keep their own chats. The token pane is compared with
+sidebar controls show their effect, Stop freezes the answer without an error badge and the
+page keeps working (Enter sends, Shift+Enter breaks the line), bad input gives a toast, two
+tabs keep their own chats. The token pane is compared with
 assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
 code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
@@ -269,7 +270,15 @@ def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> Non
     frozen = last_answer(page).locator(".tok").count()
     page.wait_for_timeout(1500)
     assert last_answer(page).locator(".tok").count() == frozen
-    ask(page, "Say hello.", 6)
+    # the answer ended itself: no "Error" badge from a run cancelled between frames
+    ex(page.locator("#status")).not_to_contain_text("Error")
+    set_number(page, "max-new-tokens", 6)
+    box = page.locator("#prompt textarea")
+    box.fill("Say")
+    box.press("Shift+Enter")  # a new line, not a send
+    box.press_sequentially(" hello.")
+    ex(box).to_have_value("Say\n hello.")
+    box.press("Enter")  # sends, as in chat apps
     wait_done(page)
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
 
