@@ -250,7 +250,7 @@ class Playground:
             base = ui.AnswerView()
             with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
                 for _ in paced(base_events, base.add, self.frame_interval, stop):
-                    yield pack(status=f"Baseline… {base.num_tokens} tokens",
+                    yield pack(status=f"Baseline… {tokens(base.num_tokens)}",
                                compare=ui.compare_html(view, base, sampling.greedy, False))
             if not stop.is_set():
                 rate.observe(len(ids), base.stats)
@@ -259,7 +259,7 @@ class Playground:
             status = (f"Stopped the baseline after {tokens(base.num_tokens)}; the answer above "
                       "is complete." if base else f"Stopped after {tokens(view.num_tokens)}.")
             yield self._frame(turns, status + " The engine is ready for the next message.", view,
-                              head, None, s.weights, est, base, sampling.greedy)
+                              head, None, s.weights, est, base, sampling.greedy, stopped=True)
             return
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         reused = view.stats.get("reused_tokens", 0)
@@ -275,12 +275,13 @@ class Playground:
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
                base: ui.AnswerView | None = None, greedy: bool = True,
-               plot: bool = True) -> tuple:
+               plot: bool = True, stopped: bool = False) -> tuple:
         return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
                     tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
                     plot=ui.steps_frame(view.accepted_per_step) if plot else gr.skip(),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
-                    compare=ui.compare_html(view, base, greedy, True) if base else gr.skip(),
+                    compare=ui.compare_html(view, base, greedy, True, stopped) if base
+                    else gr.skip(),
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est)
                     if status.startswith("Done") else gr.skip())
 
@@ -491,7 +492,10 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                                  **engine_kw)]
         o["stop"].click(pg.stop, None, None, queue=False, api_name="stop").then(
             None, None, None, cancels=runs, queue=False)
-        o["clear"].click(pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
+        # Clear stops a streaming answer the same way first: cancelled, its late frames
+        # could draw over the cleared page (and left the same "Error" badge)
+        o["clear"].click(pg.stop, None, None, queue=False).then(
+            pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
     return demo
 

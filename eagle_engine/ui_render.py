@@ -281,8 +281,10 @@ def first_difference(a: str, b: str) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool) -> str:
-    """EAGLE and baseline answers side by side, with speeds and the greedy-identity verdict."""
+def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool,
+                 stopped: bool = False) -> str:
+    """EAGLE and baseline answers side by side, with speeds and the greedy-identity verdict
+    (`stopped`: Stop ended the baseline early, so only its start can be compared)."""
     def column(title: str, view: AnswerView, col_id: str) -> str:
         s = view.stats
         meta = (f"{view.num_tokens} tokens · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
@@ -296,6 +298,9 @@ def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool) -
     elif not greedy:
         verdict = ("Sampling (temperature > 0): the texts may differ; both follow the target's "
                    "distribution.")
+    elif stopped and spec.text.startswith(base.text):
+        verdict = (f"Baseline stopped after {base.num_tokens} tokens; greedy, its text so far "
+                   "is the answer's start.")
     elif (diff := first_difference(spec.text, base.text)) is None:
         verdict = "✓ Greedy texts are identical (speculation is lossless)."
     else:

@@ -4,7 +4,8 @@ Over a tiny q4 engine: visitors answered together get the answers they get one a
 with its own tokens and tree, the status line says how many requests shared the steps, a
 stopped visitor's request leaves the batch, Stop ends a streaming answer with a last frame
 (alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
-leaves the next answer whole, and the chat handlers' concurrency is the batch. A plain-speed
+leaves the next answer whole, a Stop during the baseline keeps the answer and compares only
+the baseline's start, and the chat handlers' concurrency is the batch. A plain-speed
 rate measured after start-up keeps the answers observed meanwhile.
 """
 from __future__ import annotations
@@ -114,6 +115,34 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     assert record["text"] == answer(fresh, QUESTIONS[3], full)[0]["text"]
     if max_batch > 1:
         assert not pg.schedulers[engine.config.weights_label].busy
+
+
+def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
+        engine: EagleEngine) -> None:
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=True)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    frames, baseline_out = pg.run([], QUESTIONS[3], s, session="visitor"), threading.Event()
+    pulled: list[tuple] = []
+    status_at = app.OUTPUTS.index("status")
+
+    def visitor() -> None:
+        for frame in frames:
+            pulled.append(frame)
+            if str(frame[status_at]).startswith("Baseline") and not baseline_out.is_set():
+                baseline_out.set()
+                time.sleep(0.2)  # Stop comes while the baseline streams
+    thread = threading.Thread(target=visitor)
+    thread.start()
+    assert baseline_out.wait(60)
+    assert pg.stops.stop("visitor", timeout=60)
+    thread.join(timeout=60)
+    status, history, compare = (pulled[-1][app.OUTPUTS.index(k)]
+                                for k in ("status", "history", "compare"))
+    assert status.startswith("Stopped the baseline after") and "answer above is complete" in status
+    alone = answer(app.Playground([engine], app.EngineThread(), frame_interval=0.0),
+                   QUESTIONS[3], dataclasses.replace(s, compare=False))[0]
+    assert history[-1]["text"] == alone["text"], "the answer itself is whole"
+    assert "Baseline stopped after" in compare and "differ" not in compare
 
 
 def test_chat_concurrency_is_the_batch(engine: EagleEngine) -> None:

@@ -2,8 +2,8 @@
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
 sidebar, a typed prompt streams an answer with the token kinds in the legend's styles, the
 sidebar controls show their effect, Stop freezes the answer without an error badge and the
-page keeps working (Enter sends, Shift+Enter breaks the line), bad input gives a toast, two
-tabs keep their own chats. The token pane is compared with
+page keeps working (Enter sends, Shift+Enter breaks the line), Clear during an answer leaves
+an empty page, bad input gives a toast, two tabs keep their own chats. The token pane is compared with
 assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
 code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
@@ -288,6 +288,22 @@ def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> Non
     box.press("Enter")  # sends, as in chat apps
     wait_done(page)
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
+
+
+def test_clear_during_an_answer_leaves_an_empty_page(probe: PageProbe) -> None:
+    """Clear stops the streaming answer first: a run cancelled between frames could draw a
+    late frame over the cleared page, and left an "Error" badge on the status line."""
+    page, ex = probe.page, expect()
+    ask(page, STORY, 512)
+    ex(page.locator('#chat [data-testid="bot"] .tok').nth(5)).to_be_attached(timeout=60_000)
+    page.click("#clear")
+    ex(page.locator("#status")).to_have_text("Cleared.", timeout=10_000)
+    page.wait_for_timeout(1500)  # no late frame comes
+    ex(page.locator("#status")).to_have_text("Cleared.")
+    ex(page.locator('#chat [data-testid="bot"]')).to_have_count(0)
+    ask(page, "Say hello.", 6)
+    wait_done(page)
+    ex(page.locator('#chat [data-testid="user"]')).to_have_count(1)
 
 
 def test_bad_input_gives_a_toast_and_keeps_the_chat(probe: PageProbe) -> None:
