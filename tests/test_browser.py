@@ -1,11 +1,12 @@
 """Browser tests: Debian's Chromium (pip playwright, `executable_path`) on the app launched by
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
-sidebar, a typed prompt streams an answer with the token kinds in the legend's styles, the
-sidebar controls show their effect, Stop freezes the answer without an error badge and the
-page keeps working (Enter sends, Shift+Enter breaks the line), Clear during an answer leaves
-an empty page, bad input gives a toast, two tabs keep their own chats. The token pane is compared with
-assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
-code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
+sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the
+legend's styles, the sidebar controls show their effect, Stop freezes the answer without an
+error badge and the page keeps working (Enter sends, Shift+Enter breaks the line), Clear during
+an answer leaves an empty page, bad input gives a toast, two tabs keep their own chats. The
+token pane is compared with assets/screenshots/token_pane_ref.png, and a code answer shows an
+estimated speedup and reads as code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference
+and the README shot).
 """
 from __future__ import annotations
 
