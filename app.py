@@ -106,40 +106,44 @@ class EngineThread:
 
 
 class StopFlags:
-    """The Stop button, the cooperative way: each session's streaming answer holds a flag that
-    it reads after every engine step, and ends with a last frame once the flag is set. Gradio's
+    """The Stop button, the cooperative way: each streaming answer holds a flag that it reads
+    after every engine step, and ends with a last frame once the flag is set. Gradio's
     `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
     "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
     takes back answers still waiting in the queue, which have no flag yet."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}  # stop, ended
+        # session -> (stop, ended) of each of its streaming answers (two Sends can overlap)
+        self._runs: dict[str, list[tuple[threading.Event, threading.Event]]] = {}
 
     @contextmanager
     def running(self, session: str | None) -> Iterator[threading.Event]:
         """The flag of an answer streaming for `session` (None: an answer no Stop can reach)."""
-        stop, ended = threading.Event(), threading.Event()
+        flags = (threading.Event(), threading.Event())
         if session is not None:
             with self._lock:
-                self._runs[session] = (stop, ended)
+                self._runs.setdefault(session, []).append(flags)
         try:
-            yield stop
+            yield flags[0]
         finally:
-            ended.set()
-            with self._lock:
-                if session is not None and self._runs.get(session, (None, None))[0] is stop:
-                    del self._runs[session]
+            flags[1].set()
+            if session is not None:
+                with self._lock:
+                    self._runs[session].remove(flags)
+                    if not self._runs[session]:
+                        del self._runs[session]
 
     def stop(self, session: str | None, timeout: float) -> bool:
-        """Set the flag of `session`'s streaming answer and wait until the answer has ended;
-        False when none was streaming or it did not end within `timeout` seconds."""
+        """Set the flags of `session`'s streaming answers and wait until they have ended;
+        False when none was streaming or one did not end within `timeout` seconds."""
         with self._lock:
-            flags = self._runs.get(session) if session is not None else None
-        if flags is None:
-            return False
-        flags[0].set()
-        return flags[1].wait(timeout)
+            runs = list(self._runs.get(session, ())) if session is not None else []
+        for stop, _ in runs:
+            stop.set()
+        deadline = time.monotonic() + timeout
+        return bool(runs) and all(ended.wait(max(0.0, deadline - time.monotonic()))
+                                  for _, ended in runs)
 
 
 class Playground:

@@ -2,7 +2,8 @@
 on 127.0.0.1 (tests/app_fixtures.py), greedy runs of a few tokens. Checks streaming, the token
 kinds, lossless greedy output against the baseline, HTML escaping, readable errors for bad
 input, a prompt over the context window and an engine failure, per-session history, and Stop
-leaving the engine ready. Rendering helpers are checked directly on fixed events."""
+ending the answer itself (per-session flags) and leaving the engine ready. Rendering helpers
+are checked directly on fixed events."""
 from __future__ import annotations
 
 import os
@@ -479,6 +480,31 @@ def test_frames_are_paced_but_every_event_is_drawn(batch: int) -> None:
     assert [ev.step for ev in added] == list(range(30))
     assert shown[0] == 0 and 2 <= len(shown) <= total / (0.1 * batch) + 1, (shown, total)
     assert all(b - a >= 0.1 * batch for a, b in zip(times, times[1:])), times
+
+
+def test_stop_flags_end_every_answer_of_the_session_and_only_those() -> None:
+    """Two overlapping answers of one session and one of another: Stop for the first session
+    sets both of its flags and returns once both answers have ended; the other one streams on."""
+    import threading
+
+    import app
+
+    flags, started = app.StopFlags(), threading.Barrier(4)
+    stopped_by_flag: dict[str, bool] = {}
+
+    def answer(name: str, session: str) -> None:
+        with flags.running(session) as stop:
+            started.wait()
+            stopped_by_flag[name] = stop.wait(10)  # an answer reading its flag after each step
+    threads = {n: threading.Thread(target=answer, args=(n, n[0])) for n in ("a1", "a2", "b1")}
+    for t in threads.values():
+        t.start()
+    started.wait()
+    assert flags.stop("a", timeout=10)
+    assert stopped_by_flag == {"a1": True, "a2": True} and threads["b1"].is_alive()
+    assert not flags.stop("a", timeout=0.1), "nothing of that session streams any more"
+    assert flags.stop("b", timeout=10) and stopped_by_flag["b1"]
+    assert not flags.stop(None, timeout=0.1)
 
 
 def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[StepEvent]) -> None:
