@@ -284,8 +284,8 @@ class Playground:
                     tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
                     plot=ui.steps_frame(view.accepted_per_step) if plot else gr.skip(),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
-                    compare=ui.compare_html(view, base, greedy, True, stopped) if base
-                    else gr.skip(),
+                    # an answer without its baseline (yet) clears the last answer's compare
+                    compare=ui.compare_html(view, base, greedy, True, stopped) if base else "",
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est)
                     if status.startswith("Done") else gr.skip())
 

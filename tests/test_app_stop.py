@@ -1,0 +1,92 @@
+"""Stop and compare in the playground's handlers, over the tiny q4 engine of test_app_batch.py:
+Stop ends a streaming answer with a last frame (alone or in a batch, with or without the
+baseline to compare) and a Stop with nothing streaming leaves the next answer whole; a Stop
+during the baseline keeps the answer and compares only the baseline's start; an answer without
+its baseline clears the last compare. Gradio pulls a visitor's frames on its own thread, so the
+visitor here is a thread too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+import app
+from eagle_engine.engine import EagleEngine
+from tests.test_app_batch import QUESTIONS, answer, engine, settings  # noqa: F401 (fixture)
+
+
+@pytest.mark.parametrize("max_batch", [1, 4], ids=["alone", "scheduler"])
+@pytest.mark.parametrize("compare", [False, True], ids=["answer", "compare"])
+def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: int,
+                                                compare: bool) -> None:
+    """Stop sets the session's flag while the visitor's frames stream (Gradio pulls them on
+    another thread); the answer ends after the step in flight, Stop returns once its last frame
+    is out, and the engine answers the next message in full."""
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=compare)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=max_batch)
+    frames, first_out = pg.run([], QUESTIONS[3], s, session="visitor"), threading.Event()
+    pulled: list[tuple] = []
+
+    def visitor() -> None:
+        pulled.append(next(frames))
+        first_out.set()
+        time.sleep(0.2)  # Stop comes while the visitor waits for the next frame
+        pulled.extend(frames)
+    thread = threading.Thread(target=visitor)
+    thread.start()
+    assert first_out.wait(60)
+    assert pg.stops.stop("visitor", timeout=60), "the answer ended by itself after Stop"
+    thread.join(timeout=60)
+    status, history, run = (pulled[-1][app.OUTPUTS.index(k)] for k in ("status", "history", "run"))
+    n = history[-1]["tokens"]
+    assert status.startswith(f"Stopped after {n} token") and "ready" in status, status
+    assert 0 < n < 48 and "text" not in run, "a stopped answer leaves no run record"
+    assert not any(str(f[app.OUTPUTS.index("status")]).startswith("Baseline") for f in pulled)
+    assert not pg.stops.stop("visitor", timeout=1), "nothing streams: Stop finds no answer"
+    full = dataclasses.replace(s, compare=False)
+    record, status, _ = answer(pg, QUESTIONS[3], full)
+    fresh = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    assert status.startswith("Done")
+    assert record["text"] == answer(fresh, QUESTIONS[3], full)[0]["text"]
+    if max_batch > 1:
+        assert not pg.schedulers[engine.config.weights_label].busy
+
+
+def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
+        engine: EagleEngine) -> None:
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=True)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    frames, baseline_out = pg.run([], QUESTIONS[3], s, session="visitor"), threading.Event()
+    pulled: list[tuple] = []
+    status_at = app.OUTPUTS.index("status")
+
+    def visitor() -> None:
+        for frame in frames:
+            pulled.append(frame)
+            if str(frame[status_at]).startswith("Baseline") and not baseline_out.is_set():
+                baseline_out.set()
+                time.sleep(0.2)  # Stop comes while the baseline streams
+    thread = threading.Thread(target=visitor)
+    thread.start()
+    assert baseline_out.wait(60)
+    assert pg.stops.stop("visitor", timeout=60)
+    thread.join(timeout=60)
+    status, history, compare = (pulled[-1][app.OUTPUTS.index(k)]
+                                for k in ("status", "history", "compare"))
+    assert status.startswith("Stopped the baseline after") and "answer above is complete" in status
+    alone = answer(app.Playground([engine], app.EngineThread(), frame_interval=0.0),
+                   QUESTIONS[3], dataclasses.replace(s, compare=False))[0]
+    assert history[-1]["text"] == alone["text"], "the answer itself is whole"
+    assert "Baseline stopped after" in compare and "differ" not in compare
+
+
+def test_an_answer_without_its_baseline_clears_the_last_compare(engine: EagleEngine) -> None:
+    s = settings(engine, True)
+    pg, at = app.Playground([engine], app.EngineThread(), frame_interval=0.0), app.OUTPUTS.index(
+        "compare")
+    compared = list(pg.run([], QUESTIONS[0], dataclasses.replace(s, compare=True)))
+    assert "compare-verdict" in compared[-1][at]
+    assert all(frame[at] == "" for frame in pg.run([], QUESTIONS[1], s))
