@@ -84,6 +84,24 @@ def chat_messages(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return system + list(itertools.chain.from_iterable(pairs))
 
 
+def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int
+               ) -> tuple[list[int], int]:
+    """The prompt ids of the conversation and the message, and how many of its oldest turns were
+    left out so that `reserve` tokens of the context window stay free (the whole answer and the
+    tree's rows), as chat apps do; with every turn left out, the message alone (the engine then
+    names the sizes if even that does not fit)."""
+    for left_out in range(len(turns) + 1):
+        ids = engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
+                                                                "content": user_text}])
+        if len(ids) + reserve <= engine.config.max_len:
+            break
+    return ids, left_out
+
+
+def turns_text(n: int) -> str:
+    return "turn" if n == 1 else f"{n} turns"
+
+
 class EngineThread:
     """The one thread that makes every engine call of the app: load, warm-up and each step.
     libgomp gives each thread that starts parallel work its own OpenMP pool, and once there are
@@ -220,8 +238,8 @@ class Playground:
                 stop: threading.Event) -> Iterator[tuple]:
         sampling, tree, head = s.request(self.heads)
         engine, rate = self.engines[s.weights], self.rates[s.weights]
-        messages = chat_messages(turns) + [{"role": "user", "content": user_text}]
-        ids = engine.encode(messages)
+        ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
+            tree.num_draft_tokens if head else 1))
         t0 = time.perf_counter()
         view = ui.AnswerView()
         with closing(self._steps(engine, ids, sampling, tree, head)) as events:
@@ -272,7 +290,9 @@ class Playground:
                   f" · {s.weights} target"
                   + (f" · steps shared by up to {max(batches)} requests"
                      if max(batches) > 1 else "")
-                  + (f" · {reused} prompt tokens reused from the cache" if reused else ""))
+                  + (f" · {reused} prompt tokens reused from the cache" if reused else "")
+                  + (f" · the oldest {turns_text(left_out)} left out of the prompt to fit the "
+                     f"{engine.config.max_len}-token context window" if left_out else ""))
         yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
                           sampling.greedy)
 

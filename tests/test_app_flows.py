@@ -1,9 +1,10 @@
-"""Stop and compare in the playground's handlers, over the tiny q4 engine of test_app_batch.py:
-Stop ends a streaming answer with a last frame (alone or in a batch, with or without the
-baseline to compare) and a Stop with nothing streaming leaves the next answer whole; a Stop
-during the baseline keeps the answer and compares only the baseline's start; an answer without
-its baseline clears the last compare. Gradio pulls a visitor's frames on its own thread, so the
-visitor here is a thread too.
+"""A visitor's flows through the playground's handlers, over the tiny q4 engine of
+test_app_batch.py (a 256-token context window): Stop ends a streaming answer with a last frame
+(alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
+leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
+baseline's start; an answer without its baseline clears the last compare; a conversation past
+the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a
+visitor's frames on its own thread, so the visitor here is a thread too.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 import app
 from eagle_engine.engine import EagleEngine
+from tests.helpers import ByteTokenizer
 from tests.test_app_batch import QUESTIONS, answer, engine, settings  # noqa: F401 (fixture)
 
 
@@ -90,3 +92,34 @@ def test_an_answer_without_its_baseline_clears_the_last_compare(engine: EagleEng
     compared = list(pg.run([], QUESTIONS[0], dataclasses.replace(s, compare=True)))
     assert "compare-verdict" in compared[-1][at]
     assert all(frame[at] == "" for frame in pg.run([], QUESTIONS[1], s))
+
+
+class WholeChatTokenizer(ByteTokenizer):
+    """ByteTokenizer's chat template without its 40-byte cut: a conversation's length counts."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + (
+            "<assistant>" if add_generation_prompt else "")
+        return [1] + [b + 3 for b in text.encode()]
+
+
+def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "tokenizer", WholeChatTokenizer())
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=24)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    turns = [{"user": f"question {i}: " + "x" * 40, "text": f"answer {i}: " + "y" * 40,
+              "html": f"answer {i}", "tokens": 50} for i in range(4)]
+    reserve, window = 24 + s.num_draft_tokens, engine.config.max_len
+
+    def prompt_len(kept: list[dict]) -> int:
+        return len(engine.encode(app.chat_messages(kept) + [{"role": "user", "content": "why"}]))
+    ids, left_out = app.fit_prompt(engine, turns, "why", reserve)
+    assert 0 < left_out < len(turns) and len(ids) == prompt_len(turns[left_out:])
+    assert len(ids) + reserve <= window < prompt_len(turns[left_out - 1:]) + reserve
+    last = list(pg.run(turns, "why", s))[-1]
+    status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
+    assert status.startswith("Done") and f"the oldest {app.turns_text(left_out)} left out" in status
+    assert [t["user"] for t in history[:-1]] == [t["user"] for t in turns], "the chat keeps all"
+    fits = list(pg.run(turns[:1], "why", s))[-1][app.OUTPUTS.index("status")]
+    assert "left out" not in fits
