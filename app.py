@@ -224,18 +224,19 @@ class Playground:
             handle.cancel()
 
     def run(self, turns: list[dict], user_text: str, s: ui.Settings,
-            session: str | None = None) -> Iterator[tuple]:
+            session: str | None = None, from_box: bool = True) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
         step, then at most one per `frame_interval` seconds, and the final one; the step plot
         in the first, then at most once per `plot_interval` seconds, and in the final one.
-        Stop (`stop` with the same `session`) ends it after the engine step in flight."""
+        Stop (`stop` with the same `session`) ends it after the engine step in flight.
+        `from_box`: `user_text` came from the message box, which the first frame empties."""
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         with self.stops.running(session) as stop:
-            yield from self._answer(turns, user_text, s, stop)
+            yield from self._answer(turns, user_text, s, stop, from_box)
 
     def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
-                stop: threading.Event) -> Iterator[tuple]:
+                stop: threading.Event, from_box: bool) -> Iterator[tuple]:
         sampling, tree, head = s.request(self.heads)
         engine, rate = self.engines[s.weights], self.rates[s.weights]
         ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
@@ -260,7 +261,7 @@ class Playground:
                 plotted = now if plot else plotted
                 yield self._frame(turns, status, view, head, None, s.weights,
                                   estimate(rate, len(ids), view.stats) if head else None,
-                                  plot=plot)
+                                  plot=plot, sent=from_box and ev is first)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
         # the estimate comes before any baseline of this prompt refreshes the rate
@@ -299,8 +300,11 @@ class Playground:
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
                base: ui.AnswerView | None = None, greedy: bool = True,
-               plot: bool = True, stopped: bool = False) -> tuple:
-        return pack(prompt="", chat=ui.chat_display(turns), history=turns, status=status,
+               plot: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
+        """`sent`: the answer's first frame, which empties the message box; later frames leave
+        it to what the visitor types meanwhile."""
+        return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
+                    history=turns, status=status,
                     tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
                     plot=ui.steps_frame(view.accepted_per_step) if plot else gr.skip(),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
@@ -332,7 +336,7 @@ class Playground:
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
             max_new_tokens, seed, compare, weights, context_drafts, min_score),
-            request.session_hash if request else None)
+            request.session_hash if request else None, from_box=False)
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify

@@ -2,9 +2,10 @@
 test_app_batch.py (a 256-token context window): Stop ends a streaming answer with a last frame
 (alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
 leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
-baseline's start; an answer without its baseline clears the last compare; a conversation past
-the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a
-visitor's frames on its own thread, so the visitor here is a thread too.
+baseline's start; an answer without its baseline clears the last compare; only a sent message's
+first frame empties the message box; a conversation past the context window leaves its oldest
+turns out of the prompt, and says so. Gradio pulls a visitor's frames on its own thread, so the
+visitor here is a thread too.
 """
 from __future__ import annotations
 
@@ -123,3 +124,15 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
     assert [t["user"] for t in history[:-1]] == [t["user"] for t in turns], "the chat keeps all"
     fits = list(pg.run(turns[:1], "why", s))[-1][app.OUTPUTS.index("status")]
     assert "left out" not in fits
+
+
+def test_only_the_first_frame_of_a_sent_message_empties_the_message_box(
+        engine: EagleEngine) -> None:
+    """What the visitor types while an answer streams stays in the box; Regenerate leaves the
+    box alone."""
+    pg, at = app.Playground([engine], app.EngineThread(), frame_interval=0.0), app.OUTPUTS.index(
+        "prompt")
+    sent = [frame[at] for frame in pg.run([], QUESTIONS[0], settings(engine, True))]
+    assert len(sent) > 2 and sent[0] == "" and all(p == app.gr.skip() for p in sent[1:])
+    again = pg.run([], QUESTIONS[0], settings(engine, True), from_box=False)
+    assert all(frame[at] == app.gr.skip() for frame in again)

@@ -2,11 +2,11 @@
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
 sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the
 legend's styles, the sidebar controls show their effect, Stop freezes the answer without an
-error badge and the page keeps working (Enter sends, Shift+Enter breaks the line), Clear during
-an answer leaves an empty page, bad input gives a toast, two tabs keep their own chats. The
-token pane is compared with assets/screenshots/token_pane_ref.png, and a code answer shows an
-estimated speedup and reads as code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference
-and the README shot).
+error badge and the page keeps working (Enter sends, Shift+Enter breaks the line), the next
+message can be typed while an answer streams, Clear during an answer leaves an empty page, bad
+input gives a toast, two tabs keep their own chats. The token pane is compared with
+assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads
+as code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
 from __future__ import annotations
 
@@ -289,6 +289,24 @@ def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> Non
     box.press("Enter")  # sends, as in chat apps
     wait_done(page)
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
+
+
+def test_the_next_message_can_be_typed_while_an_answer_streams(probe: PageProbe) -> None:
+    """Only an answer's first frame empties the message box (it did every frame, so text typed
+    during an answer vanished within 0.25 s); Enter sends it once the answer is done."""
+    page, ex = probe.page, expect()
+    ask(page, STORY, 512)
+    ex(page.locator('#chat [data-testid="bot"] .tok').nth(5)).to_be_attached(timeout=60_000)
+    box = page.locator("#prompt textarea")
+    box.fill("And a shorter one?")
+    assert "Generating" in page.locator("#status").inner_text(), "typed while it streams"
+    wait_done(page)
+    ex(box).to_have_value("And a shorter one?")
+    set_number(page, "max-new-tokens", 6)
+    box.press("Enter")
+    ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
+    ex(box).to_have_value("")
+    wait_done(page)
 
 
 def test_clear_during_an_answer_leaves_an_empty_page(probe: PageProbe) -> None:
