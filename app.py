@@ -264,21 +264,24 @@ class Playground:
                                   plot=plot, sent=from_box and ev is first)
         turns[-1] = answer_turn(user_text, view)
         on_screen = time.perf_counter() - t0
+
+        def cut(answer: ui.AnswerView) -> bool:  # Stop ended it before its own end
+            return stop.is_set() and not answer.finished
         # the estimate comes before any baseline of this prompt refreshes the rate
         est = estimate(rate, len(ids), view.stats) if head else None
         speedup, base = None, None
         if head is None:
             rate.observe(len(ids), view.stats)
-        elif s.compare and not stop.is_set():
+        elif s.compare and not cut(view):
             base = ui.AnswerView()
             with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
                 for _ in paced(base_events, base.add, self.frame_interval, stop):
                     yield pack(status=f"Baseline… {tokens(base.num_tokens)}",
                                compare=ui.compare_html(view, base, sampling.greedy, False))
-            if not stop.is_set():
+            if not cut(base):
                 rate.observe(len(ids), base.stats)
                 speedup = measured_speedup(view.stats, base.stats)
-        if stop.is_set():
+        if cut(view) or (base and cut(base)):
             status = (f"Stopped the baseline after {tokens(base.num_tokens)}; the answer above "
                       "is complete." if base else f"Stopped after {tokens(view.num_tokens)}.")
             yield self._frame(turns, status + " The engine is ready for the next message.", view,
@@ -519,10 +522,10 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw)]
         o["stop"].click(pg.stop, None, None, queue=False, api_name="stop").then(
-            None, None, None, cancels=runs, queue=False)
+            None, None, None, cancels=runs, queue=False, api_visibility="private")
         # Clear stops a streaming answer the same way first: cancelled, its late frames
         # could draw over the cleared page (and left the same "Error" badge)
-        o["clear"].click(pg.stop, None, None, queue=False).then(
+        o["clear"].click(pg.stop, None, None, queue=False, api_visibility="private").then(
             pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
     return demo
