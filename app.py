@@ -486,10 +486,12 @@ def _main_panel() -> dict[str, Any]:
     gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)")
     o["status"] = gr.Markdown("Ready.", label="status", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
-    with gr.Row():
+    with gr.Row():  # side by side where both fit their min_width, else one above the other
         o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted", height=240,
-                               label="Accepted draft tokens per step", elem_id="step-plot")
-        o["timing"] = gr.HTML(ui.timing_html({}), label="Per-phase timing", elem_id="timing")
+                               label="Accepted draft tokens per step", elem_id="step-plot",
+                               min_width=320)
+        o["timing"] = gr.HTML(ui.timing_html({}), label="Per-phase timing", elem_id="timing",
+                              min_width=320)
     o["tree"] = gr.HTML(ui.tree_svg([]), label="Latest draft tree", elem_id="tree")
     o["compare"] = gr.HTML("", label="EAGLE-3 vs baseline", elem_id="compare-out")
     with gr.Accordion("Last run (JSON)", open=False):

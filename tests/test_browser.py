@@ -94,7 +94,8 @@ def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
 def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
                                                            app_server: AppServer) -> None:
     """On a phone the open sidebar covers the whole page: it starts closed there (and open on
-    wider pages, `test_page_loads_offline_with_legend_and_sidebar`)."""
+    wider pages, `test_page_loads_offline_with_legend_and_sidebar`); an answer's tiles and
+    timing fit the screen."""
     from tests.app_fixtures import open_page
 
     probe = open_page(chromium, app_server.url, width=390, height=844)
@@ -107,7 +108,19 @@ def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
     page.get_by_label("Toggle Sidebar").click()
     page.wait_for_function(f"!{sidebar}.contains('open')")
     page.locator("#prompt textarea").click(trial=True)
+    ask(page, "Name three colors.", 24)
+    wait_done(page)
+    # the tiles two a row and the timing table below the plot: nothing cut at the right edge
+    assert page.evaluate(PHONE_OVERFLOW_JS) == [], "cut off on a phone"
     page.context.close()
+
+
+# Speed tiles whose text is wider than the tile, and parts of the page past the screen's edge.
+PHONE_OVERFLOW_JS = """() => [
+  ...[...document.querySelectorAll('#tiles .tile')].filter(t => t.scrollWidth > t.clientWidth)
+     .map(t => 'tile: ' + t.innerText),
+  ...['#tiles', '#timing table', '#step-plot'].filter(
+     sel => document.querySelector(sel).getBoundingClientRect().right > window.innerWidth)]"""
 
 
 def test_answer_streams_with_three_token_kinds(probe: PageProbe, app_server: AppServer) -> None:
