@@ -124,44 +124,47 @@ class EngineThread:
 
 
 class StopFlags:
-    """The Stop button, the cooperative way: each streaming answer holds a flag that it reads
-    after every engine step, and ends with a last frame once the flag is set. Gradio's
+    """The Stop button, the cooperative way: a session's streaming answer holds a flag that it
+    reads after every engine step, and ends with a last frame once the flag is set. Gradio's
     `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
     "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
-    takes back answers still waiting in the queue, which have no flag yet."""
+    takes back answers still waiting in the queue, which have no flag yet. A session streams
+    one answer at a time: two would write the same chat, and the last to end would drop the
+    other's turn."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # session -> (stop, ended) of each of its streaming answers (two Sends can overlap)
-        self._runs: dict[str, list[tuple[threading.Event, threading.Event]]] = {}
+        self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}  # stop, ended
 
     @contextmanager
-    def running(self, session: str | None) -> Iterator[threading.Event]:
-        """The flag of an answer streaming for `session` (None: an answer no Stop can reach)."""
+    def running(self, session: str | None) -> Iterator[threading.Event | None]:
+        """The flag of an answer streaming for `session` (None: an answer no Stop can reach);
+        yields None instead when the session already streams one."""
         flags = (threading.Event(), threading.Event())
-        if session is not None:
-            with self._lock:
-                self._runs.setdefault(session, []).append(flags)
+        with self._lock:
+            busy = session is not None and session in self._runs
+            if session is not None and not busy:
+                self._runs[session] = flags
+        if busy:
+            yield None
+            return
         try:
             yield flags[0]
         finally:
             flags[1].set()
-            if session is not None:
-                with self._lock:
-                    self._runs[session].remove(flags)
-                    if not self._runs[session]:
-                        del self._runs[session]
+            with self._lock:
+                if session is not None:
+                    del self._runs[session]
 
     def stop(self, session: str | None, timeout: float) -> bool:
-        """Set the flags of `session`'s streaming answers and wait until they have ended;
-        False when none was streaming or one did not end within `timeout` seconds."""
+        """Set the flag of `session`'s streaming answer and wait until it has ended; False when
+        none was streaming or it did not end within `timeout` seconds."""
         with self._lock:
-            runs = list(self._runs.get(session, ())) if session is not None else []
-        for stop, _ in runs:
-            stop.set()
-        deadline = time.monotonic() + timeout
-        return bool(runs) and all(ended.wait(max(0.0, deadline - time.monotonic()))
-                                  for _, ended in runs)
+            flags = self._runs.get(session) if session is not None else None
+        if flags is None:
+            return False
+        flags[0].set()
+        return flags[1].wait(timeout)
 
 
 class Playground:
@@ -233,6 +236,11 @@ class Playground:
         if problems := self.problems(user_text, s):
             raise gr.Error(" ".join(problems), title="Invalid input")
         with self.stops.running(session) as stop:
+            if stop is None:
+                gr.Warning("An answer is still streaming: wait for it or press Stop, then send "
+                           "again (your message stays in the box).")
+                yield pack()  # a run that yields no frame empties every output
+                return
             yield from self._answer(turns, user_text, s, stop, from_box)
 
     def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
@@ -271,7 +279,8 @@ class Playground:
         est = estimate(rate, len(ids), view.stats) if head else None
         speedup, base = None, None
         if head is None:
-            rate.observe(len(ids), view.stats)
+            if not cut(view):  # a finished plain run refreshes the rate
+                rate.observe(len(ids), view.stats)
         elif s.compare and not cut(view):
             base = ui.AnswerView()
             with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
@@ -335,6 +344,7 @@ class Playground:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
+            yield pack()  # leaves the message box as it is
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
@@ -517,10 +527,9 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
         outputs = [o[n] for n in OUTPUTS]
         engine_kw = dict(outputs=outputs, concurrency_id="engine", concurrency_limit=max_batch,
                          show_progress_on=[o["status"]], show_progress=progress)
-        runs = [o["send"].click(pg.send, [o["prompt"], o["history"], *settings], api_name="chat",
-                                **engine_kw),
-                o["prompt"].submit(pg.send, [o["prompt"], o["history"], *settings],
-                                   api_visibility="private", **engine_kw),
+        # one event for Send and Enter: Gradio ignores both while it runs
+        runs = [gr.on([o["send"].click, o["prompt"].submit], pg.send,
+                      [o["prompt"], o["history"], *settings], api_name="chat", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw)]
         o["stop"].click(pg.stop, None, None, queue=False, api_name="stop").then(

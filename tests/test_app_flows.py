@@ -3,8 +3,8 @@ test_app_batch.py (a 256-token context window): Stop ends a streaming answer wit
 (alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
 leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
 baseline's start; an answer without its baseline clears the last compare; only a sent message's
-first frame empties the message box; a conversation past the context window leaves its oldest
-turns out of the prompt, and says so. Gradio pulls a visitor's frames on its own thread, so the
+first frame empties the message box; a session streams one answer at a time; a conversation
+past the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a visitor's frames on its own thread, so the
 visitor here is a thread too.
 """
 from __future__ import annotations
@@ -136,3 +136,19 @@ def test_only_the_first_frame_of_a_sent_message_empties_the_message_box(
     assert len(sent) > 2 and sent[0] == "" and all(p == app.gr.skip() for p in sent[1:])
     again = pg.run([], QUESTIONS[0], settings(engine, True), from_box=False)
     assert all(frame[at] == app.gr.skip() for frame in again)
+
+
+def test_a_second_answer_while_the_session_streams_one_is_refused(engine: EagleEngine) -> None:
+    """Two answers of one session would write the same chat, and the last to end would drop the
+    other's turn: the second gets one frame that changes nothing (a toast says why; with no
+    frame Gradio empties every output, the message box too) and the first ends whole."""
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=48)
+    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    frames = pg.run([], QUESTIONS[3], s, session="visitor")
+    next(frames)
+    assert list(pg.run([], QUESTIONS[0], s, session="visitor", from_box=False)) == [app.pack()]
+    assert list(pg.run([], QUESTIONS[0], s, session="another"))  # other visitors go on
+    last = list(frames)[-1]
+    status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
+    assert status.startswith("Done") and [t["user"] for t in history] == [QUESTIONS[3]]
+    assert list(pg.run(history, QUESTIONS[0], s, session="visitor")), "free again once done"

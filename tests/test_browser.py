@@ -306,15 +306,20 @@ def test_stop_freezes_the_answer_and_page_keeps_working(probe: PageProbe) -> Non
 
 def test_the_next_message_can_be_typed_while_an_answer_streams(probe: PageProbe) -> None:
     """Only an answer's first frame empties the message box (it did every frame, so text typed
-    during an answer vanished within 0.25 s); Enter sends it once the answer is done."""
+    during an answer vanished within 0.25 s); Send and Regenerate during the answer neither
+    start a second one nor lose the text, which Enter sends once the answer is done."""
     page, ex = probe.page, expect()
     ask(page, STORY, 512)
     ex(page.locator('#chat [data-testid="bot"] .tok').nth(5)).to_be_attached(timeout=60_000)
     box = page.locator("#prompt textarea")
     box.fill("And a shorter one?")
     assert "Generating" in page.locator("#status").inner_text(), "typed while it streams"
+    page.click("#send")  # ignored: Send and Enter are one event, and it runs
+    page.click("#regen")  # refused: one answer at a time in a chat
+    ex(page.get_by_test_id("toast-body").last).to_contain_text("still streaming")
     wait_done(page)
     ex(box).to_have_value("And a shorter one?")
+    ex(page.locator('#chat [data-testid="user"]')).to_have_count(1)
     set_number(page, "max-new-tokens", 6)
     box.press("Enter")
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
