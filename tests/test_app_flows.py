@@ -4,8 +4,8 @@ test_app_batch.py (a 256-token context window): Stop ends a streaming answer wit
 leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
 baseline's start; an answer without its baseline clears the last compare; only a sent message's
 first frame empties the message box; a session streams one answer at a time; a conversation
-past the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a visitor's frames on its own thread, so the
-visitor here is a thread too.
+past the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a
+visitor's frames on its own thread, so the visitor here is a thread too.
 """
 from __future__ import annotations
 
