@@ -57,6 +57,10 @@ FRAME_INTERVAL_S = 0.25
 PROGRESS = "minimal"
 # Pages at most this wide (phones) open with the sidebar closed: open, it covers the chat.
 NARROW_PX = 768
+# A conversation past the context window leaves out its oldest turns until it fills at most
+# this share of the window, so its next turns start their prompt the same way and reuse its
+# cached rows instead of reading the whole window again (docs/results.md, section 42).
+KEEP_WHEN_FULL = 0.75
 # How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
 # a prefill at worst) before Gradio cancels the run between two frames.
 STOP_WAIT_S = 10.0
@@ -86,16 +90,29 @@ def chat_messages(turns: list[dict[str, str]]) -> list[dict[str, str]]:
 
 def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int
                ) -> tuple[list[int], int]:
-    """The prompt ids of the conversation and the message, and how many of its oldest turns were
+    """The prompt ids of the conversation and the message, and how many of its oldest turns are
     left out so that `reserve` tokens of the context window stay free (the whole answer and the
-    tree's rows), as chat apps do; with every turn left out, the message alone (the engine then
-    names the sizes if even that does not fit)."""
-    for left_out in range(len(turns) + 1):
-        ids = engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
-                                                                "content": user_text}])
-        if len(ids) + reserve <= engine.config.max_len:
-            break
-    return ids, left_out
+    tree's rows), as chat apps do. Turns the last answer left out stay out, so the prompt starts
+    as before and reuses its cached rows; when more must go, they go until the prompt and
+    `reserve` fill at most KEEP_WHEN_FULL of the window, so the next turns reuse theirs too.
+    With every turn left out, the message alone (the engine then names the sizes if even that
+    does not fit)."""
+    window = engine.config.max_len
+
+    def prompt(left_out: int) -> list[int]:
+        return engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
+                                                                 "content": user_text}])
+    start = turns[-1].get("left_out", 0) if turns else 0
+    if len(ids := prompt(start)) + reserve <= window:
+        return ids, start
+    fits = None  # the fewest left out that fit the window, if none fits the smaller share
+    for left_out in range(start + 1, len(turns) + 1):
+        ids = prompt(left_out)
+        if len(ids) + reserve <= KEEP_WHEN_FULL * window:
+            return ids, left_out
+        if fits is None and len(ids) + reserve <= window:
+            fits = ids, left_out
+    return fits or (ids, len(turns))
 
 
 def turns_text(n: int) -> str:
@@ -261,7 +278,7 @@ class Playground:
                 batches.append(ev.batch)
             plotted = -math.inf  # when a frame last carried the plot
             for ev in paced(itertools.chain([first], events), add, self.frame_interval, stop):
-                turns[-1] = answer_turn(user_text, view)
+                turns[-1] = answer_turn(user_text, view, left_out)
                 status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                           f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
                 now = time.perf_counter()
@@ -270,7 +287,7 @@ class Playground:
                 yield self._frame(turns, status, view, head, None, s.weights,
                                   estimate(rate, len(ids), view.stats) if head else None,
                                   plot=plot, sent=from_box and ev is first)
-        turns[-1] = answer_turn(user_text, view)
+        turns[-1] = answer_turn(user_text, view, left_out)
         on_screen = time.perf_counter() - t0
 
         def cut(answer: ui.AnswerView) -> bool:  # Stop ended it before its own end
@@ -412,8 +429,10 @@ def shared(batch: int) -> str:
     return f" · shared with {others} other request{'s' * (others > 1)}"
 
 
-def answer_turn(user_text: str, view: ui.AnswerView) -> dict:
-    return {"user": user_text, "text": view.text, "html": view.html(), "tokens": view.num_tokens}
+def answer_turn(user_text: str, view: ui.AnswerView, left_out: int) -> dict:
+    """A turn of the chat history; `left_out`: the earlier turns its prompt left out."""
+    return {"user": user_text, "text": view.text, "html": view.html(), "tokens": view.num_tokens,
+            "left_out": left_out}
 
 
 def tree_limits(topk: int, num_steps: int, num_draft_tokens: int) -> dict:

@@ -4,8 +4,9 @@ test_app_batch.py (a 256-token context window): Stop ends a streaming answer wit
 leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
 baseline's start; an answer without its baseline clears the last compare; only a sent message's
 first frame empties the message box; a session streams one answer at a time; a conversation
-past the context window leaves its oldest turns out of the prompt, and says so. Gradio pulls a
-visitor's frames on its own thread, so the visitor here is a thread too.
+past the context window leaves its oldest turns out of the prompt (enough that the next turns
+keep its start), and says so. Gradio pulls a visitor's frames on its own thread, so the visitor
+here is a thread too.
 """
 from __future__ import annotations
 
@@ -117,11 +118,18 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
         return len(engine.encode(app.chat_messages(kept) + [{"role": "user", "content": "why"}]))
     ids, left_out = app.fit_prompt(engine, turns, "why", reserve)
     assert 0 < left_out < len(turns) and len(ids) == prompt_len(turns[left_out:])
-    assert len(ids) + reserve <= window < prompt_len(turns[left_out - 1:]) + reserve
+    # the fewest turns out that leave a quarter of the window for the next turns
+    keep = app.KEEP_WHEN_FULL * window
+    assert len(ids) + reserve <= keep < prompt_len(turns[left_out - 1:]) + reserve
     last = list(pg.run(turns, "why", s))[-1]
     status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
     assert status.startswith("Done") and f"the oldest {app.turns_text(left_out)} left out" in status
     assert [t["user"] for t in history[:-1]] == [t["user"] for t in turns], "the chat keeps all"
+    assert history[-1]["left_out"] == left_out
+    # the next turn leaves out the same turns while it fits: its prompt starts with this one,
+    # whose rows the prefix cache holds
+    after, still_out = app.fit_prompt(engine, history, "and?", reserve)
+    assert still_out == left_out and after[:len(ids)] == ids
     fits = list(pg.run(turns[:1], "why", s))[-1][app.OUTPUTS.index("status")]
     assert "left out" not in fits
 
