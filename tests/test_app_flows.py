@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 import pytest
 
@@ -31,17 +30,19 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     is out, and the engine answers the next message in full."""
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=compare)
     pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=max_batch)
-    frames, first_out = pg.run([], QUESTIONS[3], s, session="visitor"), threading.Event()
-    pulled: list[tuple] = []
+    frames = pg.run([], QUESTIONS[3], s, session="visitor")
+    first_out, go_on, pulled = threading.Event(), threading.Event(), []
 
     def visitor() -> None:
         pulled.append(next(frames))
         first_out.set()
-        time.sleep(0.2)  # Stop comes while the visitor waits for the next frame
+        go_on.wait(60)  # Stop comes while the visitor waits for the next frame
         pulled.extend(frames)
     thread = threading.Thread(target=visitor)
     thread.start()
     assert first_out.wait(60)
+    assert not pg.stops.stop("visitor", timeout=0), "the flag is set; the answer streams on"
+    go_on.set()
     assert pg.stops.stop("visitor", timeout=60), "the answer ended by itself after Stop"
     thread.join(timeout=60)
     status, history, run = (pulled[-1][app.OUTPUTS.index(k)] for k in ("status", "history", "run"))
@@ -63,8 +64,8 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
         engine: EagleEngine) -> None:
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=True)
     pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
-    frames, baseline_out = pg.run([], QUESTIONS[3], s, session="visitor"), threading.Event()
-    pulled: list[tuple] = []
+    frames = pg.run([], QUESTIONS[3], s, session="visitor")
+    baseline_out, go_on, pulled = threading.Event(), threading.Event(), []
     status_at = app.OUTPUTS.index("status")
 
     def visitor() -> None:
@@ -72,10 +73,12 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
             pulled.append(frame)
             if str(frame[status_at]).startswith("Baseline") and not baseline_out.is_set():
                 baseline_out.set()
-                time.sleep(0.2)  # Stop comes while the baseline streams
+                go_on.wait(60)  # Stop comes while the baseline streams
     thread = threading.Thread(target=visitor)
     thread.start()
     assert baseline_out.wait(60)
+    assert not pg.stops.stop("visitor", timeout=0)  # sets the flag
+    go_on.set()
     assert pg.stops.stop("visitor", timeout=60)
     thread.join(timeout=60)
     status, history, compare = (pulled[-1][app.OUTPUTS.index(k)]
