@@ -513,7 +513,7 @@ def _main_panel() -> dict[str, Any]:
         o["regen"] = gr.Button("Regenerate", elem_id="regen")
         o["clear"] = gr.Button("Clear", elem_id="clear")
     gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)")
-    o["status"] = gr.Markdown("Ready.", label="status", elem_id="status")
+    o["status"] = gr.Markdown("Ready.", label="Status line", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
     with gr.Row():  # side by side where both fit their min_width, else one above the other
         o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted", height=240,
