@@ -307,7 +307,7 @@ class Playground:
             if not cut(base):
                 rate.observe(len(ids), base.stats)
                 speedup = measured_speedup(view.stats, base.stats)
-        if cut(view) or (base and cut(base)):
+        if cut(view) or (base is not None and cut(base)):
             status = (f"Stopped the baseline after {tokens(base.num_tokens)}; the answer above "
                       "is complete." if base else f"Stopped after {tokens(view.num_tokens)}.")
             yield self._frame(turns, status + " The engine is ready for the next message.", view,
