@@ -13,6 +13,7 @@ Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_rende
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
 import itertools
@@ -96,23 +97,28 @@ def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int
     as before and reuses its cached rows; when more must go, they go until the prompt and
     `reserve` fill at most KEEP_WHEN_FULL of the window, so the next turns reuse theirs too.
     With every turn left out, the message alone (the engine then names the sizes if even that
-    does not fit)."""
+    does not fit). A prompt shrinks as turns go, so the fewest to leave out is a binary search:
+    a 40-turn chat past the window took 35 tokenizations of ~26 ms each when counted one by one."""
     window = engine.config.max_len
 
+    @functools.cache
     def prompt(left_out: int) -> list[int]:
         return engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
                                                                  "content": user_text}])
+
+    def fits(left_out: int, room: float) -> bool:
+        return len(prompt(left_out)) + reserve <= room
     start = turns[-1].get("left_out", 0) if turns else 0
-    if len(ids := prompt(start)) + reserve <= window:
-        return ids, start
-    fits = None  # the fewest left out that fit the window, if none fits the smaller share
-    for left_out in range(start + 1, len(turns) + 1):
-        ids = prompt(left_out)
-        if len(ids) + reserve <= KEEP_WHEN_FULL * window:
-            return ids, left_out
-        if fits is None and len(ids) + reserve <= window:
-            fits = ids, left_out
-    return fits or (ids, len(turns))
+    if fits(start, window):
+        return prompt(start), start
+    for room in (KEEP_WHEN_FULL * window, window):
+        lo, hi = start + 1, len(turns)
+        if fits(hi, room):
+            while lo < hi:  # the fewest left out that fit `room`
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid, room) else (mid + 1, hi)
+            return prompt(lo), lo
+    return prompt(len(turns)), len(turns)
 
 
 def turns_text(n: int) -> str:

@@ -137,6 +137,26 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
     assert "left out" not in fits
 
 
+def test_the_turns_to_leave_out_are_found_with_few_tokenizations(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long chat past the window: the fewest turns to leave out, as counting them one by one
+    finds, from a binary search over the prompt's length (a tokenization costs ~26 ms for a
+    4k-token chat with the bundled tokenizer)."""
+    monkeypatch.setattr(engine, "tokenizer", WholeChatTokenizer())
+    turns = [{"user": f"q{i} " + "x" * 20, "text": f"a{i} " + "y" * 20} for i in range(40)]
+    reserve, keep = 28, app.KEEP_WHEN_FULL * engine.config.max_len
+    lengths = [len(engine.encode(app.chat_messages(turns[k:]) + [{"role": "user",
+                                                                   "content": "why"}]))
+               for k in range(len(turns) + 1)]
+    fewest = next(k for k, n in enumerate(lengths) if n + reserve <= keep)
+    encodes = []
+    real_encode = engine.encode
+    monkeypatch.setattr(engine, "encode", lambda m: encodes.append(1) or real_encode(m))
+    ids, left_out = app.fit_prompt(engine, turns, "why", reserve)
+    assert left_out == fewest > 20 and len(ids) == lengths[fewest]
+    assert len(encodes) <= 2 + 6, f"{len(encodes)} tokenizations for 40 turns"
+
+
 def test_only_the_first_frame_of_a_sent_message_empties_the_message_box(
         engine: EagleEngine) -> None:
     """What the visitor types while an answer streams stays in the box; Regenerate leaves the
