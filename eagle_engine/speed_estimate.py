@@ -33,8 +33,7 @@ class PlainRate:
     def observe(self, prompt_len: int, stats: dict[str, Any]) -> None:
         """Record a finished plain run (`RunStats.to_dict()`): its decode steps after prefill,
         at their mean context length. Runs of a single token have no decode step."""
-        steps = int(stats.get("num_tokens", 0)) - 1
-        decode_s = float(stats.get("elapsed_s", 0.0)) - float(stats.get("prefill_s", 0.0))
+        steps, decode_s = decode_steps(stats)
         if steps < 1 or decode_s <= 0:
             return
         context = prompt_len + (steps + 1) / 2
@@ -58,6 +57,13 @@ class PlainRate:
         steps = max(num_tokens - 1, 0)
         per_step = self.seconds_per_token(prompt_len + (steps + 1) / 2)
         return None if per_step is None else steps * per_step
+
+
+def decode_steps(stats: dict[str, Any]) -> tuple[int, float]:
+    """A plain run's decode steps after its prefill (one per token after the first) and their
+    seconds."""
+    return (int(stats.get("num_tokens", 0)) - 1,
+            float(stats.get("elapsed_s", 0.0)) - float(stats.get("prefill_s", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,7 @@ def measured_speedup(stats: dict[str, Any], base: dict[str, Any]) -> float | Non
     answer's engine time; None when the baseline decoded no step. The baseline runs second and
     finds the prompt in the prefix cache, so its own prefill is left out: both sides then count
     the same prompt work, as `estimate` does."""
-    steps = int(base.get("num_tokens", 0)) - 1
-    decode = float(base.get("elapsed_s", 0.0)) - float(base.get("prefill_s", 0.0))
+    steps, decode = decode_steps(base)
     elapsed = float(stats.get("elapsed_s", 0.0))
     if steps < 1 or decode <= 0 or elapsed <= 0:
         return None
