@@ -308,14 +308,15 @@ class Playground:
             base = ui.AnswerView()
             with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
                 for _ in paced(base_events, base.add, self.frame_interval, stop):
-                    yield pack(status=f"Baseline… {tokens(base.num_tokens)}",
+                    yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
                                compare=ui.compare_html(view, base, sampling.greedy, False))
             if not cut(base):
                 rate.observe(len(ids), base.stats)
                 speedup = measured_speedup(view.stats, base.stats)
         if cut(view) or (base is not None and cut(base)):
-            status = (f"Stopped the baseline after {tokens(base.num_tokens)}; the answer above "
-                      "is complete." if base else f"Stopped after {tokens(view.num_tokens)}.")
+            status = (f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}; the answer "
+                      "above is complete." if base
+                      else f"Stopped after {ui.tokens_text(view.num_tokens)}.")
             yield self._frame(turns, status + " The engine is ready for the next message.", view,
                               head, None, s.weights, est, base, sampling.greedy, stopped=True)
             return
@@ -421,10 +422,6 @@ def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
         if last is None or time.perf_counter() - last >= interval * ev.batch:
             yield ev
             last = time.perf_counter()
-
-
-def tokens(n: int) -> str:
-    return f"{n} token{'s' * (n != 1)}"
 
 
 def shared(batch: int) -> str:

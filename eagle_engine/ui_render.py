@@ -281,6 +281,10 @@ def first_difference(a: str, b: str) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def tokens_text(n: int) -> str:
+    return f"{n} token{'s' * (n != 1)}"
+
+
 def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool,
                  stopped: bool = False) -> str:
     """EAGLE and baseline answers side by side, with speeds and the greedy-identity verdict
@@ -299,8 +303,8 @@ def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool,
         verdict = ("Sampling (temperature > 0): the texts may differ; both follow the target's "
                    "distribution.")
     elif stopped and spec.text.startswith(base.text):
-        verdict = (f"Baseline stopped after {base.num_tokens} tokens; greedy, its text so far "
-                   "is the answer's start.")
+        verdict = (f"Baseline stopped after {tokens_text(base.num_tokens)}; greedy, its text so "
+                   "far is the answer's start.")
     elif (diff := first_difference(spec.text, base.text)) is None:
         verdict = "✓ Greedy texts are identical (speculation is lossless)."
     else:
