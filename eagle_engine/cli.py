@@ -1,4 +1,5 @@
-"""Command line: `python -m eagle_engine {generate,tune,inspect-draft,bench,train,selfcheck}`.
+"""Command line: `python -m eagle_engine COMMAND`, COMMAND one of generate, tune, inspect-draft,
+bench, train, eval-head and selfcheck.
 
 Parses arguments into `EngineConfig` / `SamplingParams` / `TreeParams` and hands them to the
 library; bad input becomes one readable line on stderr and exit code 2, never a traceback.
@@ -102,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tune)
 
     i = sub.add_parser("inspect-draft", help="print the resolved config of an EAGLE-3 head")
-    i.add_argument("path")
+    i.add_argument("path", metavar="HEAD", help="head directory, bundled head name "
+                   "(e.g. eagle3-aux-1layer) or hub id")
     i.add_argument("--target", default=None, help="check against this target (optional)")
     i.add_argument("--allow-pickle", action="store_true")
     i.set_defaults(func=cmd_inspect_draft)

@@ -1,4 +1,6 @@
-"""`python -m eagle_engine inspect-draft PATH [--target T]`: what an EAGLE-3 head resolves to.
+"""`python -m eagle_engine inspect-draft HEAD [--target T]`: what an EAGLE-3 head resolves to.
+
+HEAD is a directory, a bundled head's name (as the app and `bench --heads` name it) or a hub id.
 
 Reads the head's config.json and only the tensor headers (names, shapes, dtypes) of its weights:
 no tensor data is loaded and no target is needed. The tensors go through the loader's own name
@@ -18,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ConfigError, DraftConfig, TargetConfig
+from .engine import head_source
 from .io_struct import EagleDraftExtendInput, EagleDraftInput
 from .models.draft_io import IGNORED, normalize_names, resolve_draft, weight_files
 from .models.draft_model import Eagle3Draft
@@ -124,7 +127,7 @@ def aux_lines(cfg: DraftConfig, target_cfg: TargetConfig | None) -> list[str]:
 
 def inspect_draft(path: str | Path, target: str | None = None, allow_pickle: bool = False) -> str:
     """A human-readable report of the resolved head config (one `key: value` per line)."""
-    directory = resolve_draft(path)
+    directory = resolve_draft(head_source(str(path)))
     cfg = DraftConfig.from_dict(read_config(directory), str(directory / "config.json"))
     target_cfg = None
     if target is not None:

@@ -16,7 +16,7 @@ from eagle_engine import bench
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, TargetConfig, TreeParams
 from eagle_engine.autotune import tree_label
-from eagle_engine.engine import ASSETS
+from eagle_engine.engine import ASSETS, DEFAULT_HEAD
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
 from tests.helpers import random_head, save_head, tiny_engine
@@ -121,6 +121,13 @@ def test_inspect_draft_cli(capsys: pytest.CaptureFixture[str], tiny_target: Targ
     assert "compatible" in capsys.readouterr().out
     err = fails(["inspect-draft", str(head), "--target", "bundled"], capsys)
     assert "vocab_size 96" in err and "49152" in err
+
+
+def test_inspect_draft_cli_bundled_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bundled head by the name the app shows, as `bench --heads` and `eval-head` take it."""
+    assert main(["inspect-draft", DEFAULT_HEAD]) == 0
+    assert f"EAGLE-3 draft head: {ASSETS / DEFAULT_HEAD}\n" in capsys.readouterr().out
+    assert "neither a directory nor a hub id" in fails(["inspect-draft", "no-such-head"], capsys)
 
 
 def test_inspect_draft_cli_errors(capsys: pytest.CaptureFixture[str], tiny_target: TargetModel,
