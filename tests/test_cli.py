@@ -154,10 +154,11 @@ def test_bench_reports_modes_and_runs_turns_as_conversations(
     assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32",
                  "--max-len", "512", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    t = EngineConfig(dtype="fp32").default_tree
     ar = report["modes"]["ar"]
-    label = f"eagle[eagle3-aux-1layer {tree_label(t)}]"
-    eagle = report["modes"][label]
+    # the default tree: the static one, or the one `tune` cached on this machine (the app's
+    # first start in the browser tests tunes, and picks another tree now and then)
+    [eagle] = [m for label, m in report["modes"].items()
+               if label.startswith("eagle[eagle3-aux-1layer ")]
     assert "greedy_same_as_baseline" not in ar and eagle["greedy_same_as_baseline"] == "3/3"
     assert ar["tokens"] == eagle["tokens"] > 0
     assert eagle["tau"] == pytest.approx(1 + sum(eagle["acceptance_per_depth"]), abs=2e-3)
