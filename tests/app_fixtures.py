@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,26 +95,22 @@ def _wait_ready(proc: subprocess.Popen, url: str, log_path: Path) -> None:
     pytest.fail(f"app.py not ready after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
 
 
-@pytest.fixture(scope="session")
-def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    """`python app.py` exactly as a user starts it, host and port from the Gradio env vars."""
-    env_heads = os.environ.get("EAGLE_TEST_HEADS")
-    heads = Path(env_heads) if env_heads else trained_heads_dir()
-    trained = heads is not None
-    if heads is None:
-        heads = write_random_heads(tmp_path_factory.mktemp("random_heads"))
+@contextmanager
+def running_app(tmp_path_factory: pytest.TempPathFactory, args: list[str]
+                ) -> Iterator[tuple[str, Path]]:
+    """`python app.py ARGS` exactly as a user starts it, host and port from the Gradio env
+    vars: (its URL once it serves, its log), stopped afterwards."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("app_log") / "app.log"
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--heads-dir", str(heads),
-                                 "--max-len", str(APP_MAX_LEN)], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), *args], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_ready(proc, url, log_path)
-        yield AppServer(url, heads, trained, log_path)
+        yield url, log_path
     finally:
         proc.terminate()
         try:
@@ -121,6 +118,19 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    """The app on the bundled target with the trained heads (or random ones)."""
+    env_heads = os.environ.get("EAGLE_TEST_HEADS")
+    heads = Path(env_heads) if env_heads else trained_heads_dir()
+    trained = heads is not None
+    if heads is None:
+        heads = write_random_heads(tmp_path_factory.mktemp("random_heads"))
+    with running_app(tmp_path_factory, ["--heads-dir", str(heads),
+                                        "--max-len", str(APP_MAX_LEN)]) as (url, log_path):
+        yield AppServer(url, heads, trained, log_path)
 
 
 @pytest.fixture(scope="session")

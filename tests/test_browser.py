@@ -4,7 +4,8 @@ sidebar (closed on a phone), a typed prompt streams an answer with the token kin
 legend's styles, the sidebar controls show their effect, Stop freezes the answer without an
 error badge and the page keeps working (Enter sends, Shift+Enter breaks the line), the next
 message can be typed while an answer streams, Clear during an answer leaves an empty page, bad
-input gives a toast, two tabs keep their own chats. The token pane is compared with
+input gives a toast, two tabs keep their own chats, another target without heads answers
+alone. The token pane is compared with
 assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads
 as code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
@@ -89,6 +90,36 @@ def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
     page.wait_for_function("document.querySelector('#engine-status')"
                            ".getBoundingClientRect().left >= 0")
     assert probe.external_requests == [] and probe.console_errors == []
+
+
+def test_another_target_without_heads_answers_alone(
+        chromium: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--target` another model (here the bundled one's HF directory) and no `--draft`: the
+    bundled heads stay out, the page offers the target alone with the draft settings off, and
+    an example sent from it is answered. Without a head "Draft layers" once lost its choices
+    and Gradio refused every Send with an "Error" toast."""
+    from app import EXAMPLES
+    from eagle_engine.models.loader import resolve_target
+    from tests.app_fixtures import open_page, running_app
+
+    args = ["--target", str(resolve_target("bundled")), "--no-tune", "--max-len", "512"]
+    with running_app(tmp_path_factory, args) as (url, _):
+        probe = open_page(chromium, url)
+        page, ex = probe.page, expect()
+        ex(page.locator("#spec input")).not_to_be_checked()
+        ex(page.locator("#spec input")).to_be_disabled()
+        ex(page.locator("#head-note")).to_contain_text("No draft head is loaded")
+        ex(page.locator("#topk input[type=number]")).to_be_disabled()
+        set_number(page, "max-new-tokens", 16)
+        page.get_by_text(EXAMPLES[-1]).click()
+        ex(page.locator("#prompt textarea")).to_have_value(EXAMPLES[-1])
+        page.click("#send")
+        wait_done(page)
+        ex(page.locator("#status")).to_contain_text("baseline")
+        ex(last_answer(page)).to_contain_text("Photosynthesis")
+        assert page.get_by_test_id("toast-body").count() == 0
+        assert probe.external_requests == [] and probe.console_errors == []
+        page.context.close()
 
 
 def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
