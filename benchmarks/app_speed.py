@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
-        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0,1]
+        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0,1] [--plain]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
@@ -14,20 +14,25 @@ threads than cores, so the order matters and the script keeps it.)
 event (interval 0) and at most every `app.FRAME_INTERVAL_S`, and sends the same /chat request to
 each through `gradio_client`: seconds until the answer is complete on the client, frames
 received, and the engine's own tokens/s.
-`browser`: launches the app in-process once per setting, each frame interval of `--intervals`
-with each progress display of `--progress` (Gradio's `show_progress` on the status line) and
-each interval of `--plot-intervals` at which the step plot moves while an answer streams, and
-opens them in headless Chromium (Debian's, as the browser tests do) on the same cores, as a
-visitor who runs the app on their own machine does. In rounds that take the settings in turn,
-it opens a fresh page of the setting, types each of `BROWSER_PROMPTS`, presses Send, and closes
-the page: one page at a time, since an idle page uses CPU too. Per setting: the engine's
-tokens/s and the seconds until the answer was on screen, as the status line reports them, and
-the CPU seconds of Chromium's processes while each answer streamed, summed over the answers.
+`browser`: launches the app in-process once per setting, each frame interval of `--intervals` with
+each progress display of `--progress` (Gradio's `show_progress` on the status line) and each
+interval of `--plot-intervals` at which the step plot moves while an answer streams (the estimate's
+plain-decoding speeds measured once at start-up, as the app does), and opens them in headless
+Chromium (Debian's, as the browser tests do) on the same cores, as a visitor who runs the app on
+their own machine does. In rounds that take the settings in turn, it opens a fresh page of the
+setting, types each of `BROWSER_PROMPTS`, presses Send, and closes the page: one page at a time,
+since an idle page uses CPU too. Per setting: the engine's tokens/s and the seconds until the
+answer was on screen, as the status line reports them, and the CPU seconds of Chromium's processes
+while each answer streamed, summed over the answers; the mean of the estimates the speedup tile
+showed. With `--plain`, each prompt is also asked with speculative decoding off (the two in an
+order that alternates by round; a plain answer refreshes the estimate's speed, as in the app), and
+each setting reports the speedup of the two engine speeds under the same browser.
 Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import shutil
@@ -40,12 +45,14 @@ import psutil
 import app
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD
+from eagle_engine.speed_estimate import measure
 
 PROMPT = "Give me three tips for staying productive."
 BROWSER_PROMPTS = ["Write a Python function that checks whether a number is prime.",
                    "Give me three tips for staying productive.",
                    "Write a Python function that reverses a string."]
 # the status line when an answer is done (app.Playground.run)
+ESTIMATE = re.compile(r"≈(\d+\.\d+)×")  # the speedup tile's estimate
 DONE = re.compile(r"Done · (\d+) tokens in ([\d.]+) s of engine time \(([\d.]+) s on screen\)")
 # true once the page shows a new answer as done (the progress text gone from the status line)
 DONE_JS = """(answers) => {
@@ -147,16 +154,20 @@ def browser(args: argparse.Namespace) -> dict:
         raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
     worker = app.EngineThread()
     engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
+    # the estimate's plain speeds, measured at start-up as `app.main` does (one copy a setting)
+    rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
     settings = [(float(i), p, float(q)) for i in args.intervals.split(",")
                 for p in args.progress.split(",") for q in args.plot_intervals.split(",")]
     urls = {}
     for interval, progress, plot in settings:
         demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress,
-                              plot_interval=plot)
+                              plot_interval=plot, rates=copy.deepcopy(rates))
         demo.queue(max_size=16, default_concurrency_limit=1)
         _, urls[interval, progress, plot], _ = demo.launch(prevent_thread_lock=True,
                                                            server_name="127.0.0.1", quiet=True)
-    totals = {s: [0, 0.0, 0.0, 0.0] for s in settings}  # tokens, engine, on-screen, browser CPU s
+    modes = (True, False) if args.plain else (True,)
+    # per setting and mode: tokens, engine s, on-screen s, browser CPU s, estimates shown
+    totals = {(s, m): [0, 0.0, 0.0, 0.0, []] for s in settings for m in modes}
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
         for r in range(args.repeats):
@@ -167,15 +178,31 @@ def browser(args: argparse.Namespace) -> dict:
                 page.locator("#send").wait_for(timeout=60_000)
                 ask_in_page(page, "Hello", 8)  # warm-up
                 for prompt in BROWSER_PROMPTS:
-                    cpu = browser_cpu_s()
-                    got = (*ask_in_page(page, prompt, args.tokens), browser_cpu_s() - cpu)
-                    totals[setting] = [a + b for a, b in zip(totals[setting], got)]
+                    for spec in modes[r % len(modes):] + modes[:r % len(modes)]:
+                        page.locator("#spec input").set_checked(spec)
+                        cpu = browser_cpu_s()
+                        got = (*ask_in_page(page, prompt, args.tokens), browser_cpu_s() - cpu)
+                        total = totals[setting, spec]
+                        total[:4] = [a + b for a, b in zip(total, got)]
+                        if spec and (shown := ESTIMATE.search(
+                                page.locator("#tile-speedup").inner_text())):
+                            total[4].append(float(shown.group(1)))
                 context.close()
         chromium.close()
-    return {f"interval_{i:g}s_progress_{p}_plot_{q:g}s": {
+    report = {}
+    for (i, p, q) in settings:
+        name = f"interval_{i:g}s_progress_{p}_plot_{q:g}s"
+        for spec in modes:
+            n, engine_s, screen_s, cpu_s, shown = totals[(i, p, q), spec]
+            report[f"{name}_{'eagle' if spec else 'plain'}"] = {
                 "tokens": n, "engine_tokens_per_s": round(n / engine_s, 1),
-                "on_screen_s": round(screen_s, 2), "browser_cpu_s": round(cpu_s, 1)}
-            for (i, p, q), (n, engine_s, screen_s, cpu_s) in totals.items()}
+                "on_screen_s": round(screen_s, 2), "browser_cpu_s": round(cpu_s, 1),
+                **({"mean_estimate_shown": round(sum(shown) / len(shown), 3)} if shown else {})}
+        if args.plain:
+            eagle, plain = (report[f"{name}_{m}"]["engine_tokens_per_s"]
+                            for m in ("eagle", "plain"))
+            report[f"{name}_speedup"] = round(eagle / plain, 3)
+    return report
 
 
 def main() -> None:
@@ -189,6 +216,9 @@ def main() -> None:
                    help="browser: comma-separated show_progress values (full, minimal, hidden)")
     p.add_argument("--plot-intervals", default=f"{app.PLOT_INTERVAL_S:g}",
                    help="browser: comma-separated intervals of the step plot, seconds")
+    p.add_argument("--plain", action="store_true",
+                   help="browser: also ask each prompt with speculative decoding off (the "
+                   "order alternates by round), and report the speedup under the same load")
     args = p.parse_args()
     args.tokens = args.tokens or (160 if args.mode == "browser" else 128)
     modes = {"threads": threads, "frames": frames, "browser": browser}
