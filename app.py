@@ -71,7 +71,7 @@ STOP_WAIT_S = 10.0
 # plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
 # an answer streams the plot moves at most once per this interval; the last frame draws it.
 PLOT_INTERVAL_S = 1.0
-# Each has a sensible greedy answer from the bundled q4 target (tests/test_app_flows.py). Not
+# Each has a sensible greedy answer from the bundled q4 target (tests/test_app_startup.py). Not
 # "What is the capital of France?": q4 answers it with a loop of "la France, ...", as
 # llama.cpp does on the same GGUF (bf16 weights say Paris).
 EXAMPLES = ["Write a Python function that reverses a string.",
@@ -496,8 +496,9 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             "(prompt and answer so far); it competes for the same draft tokens")
         c["min_score"] = gr.Slider(
             0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
-            interactive=drafts, elem_id="min-score", info="verify only drafts whose path probability is at least "
-            "this: an unsure draft then costs no verify row (0: always the full tree)")
+            interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
+            "probability is at least this: an unsure draft then costs no verify row (0: always "
+            "the full tree)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")

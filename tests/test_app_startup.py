@@ -58,7 +58,8 @@ def test_heads_dir_without_heads_is_refused(monkeypatch: pytest.MonkeyPatch, tmp
     (tmp_path / "notes").mkdir()
     with pytest.raises(SystemExit):
         parse(["--heads-dir", str(tmp_path)], monkeypatch)
-    assert f"no head folder (one with a config.json) in {str(tmp_path)!r}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no head folder (one with a config.json) in {str(tmp_path)!r}" in err
     heads = tmp_path / "heads"
     for name in ("a", "b"):
         (heads / name).mkdir(parents=True)
