@@ -348,7 +348,7 @@ class Playground:
         return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
                     history=turns, status=status,
                     tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
-                    plot=ui.steps_frame(view.accepted_per_step) if plot else gr.skip(),
+                    plot=step_plot(view.accepted_per_step) if plot else gr.skip(),
                     tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
                     # an answer without its baseline (yet) clears the last answer's compare
                     compare=ui.compare_html(view, base, greedy, True, stopped) if base else "",
@@ -390,7 +390,7 @@ class Playground:
 
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
-                    tiles=ui.tiles_html({}, False), plot=ui.steps_frame([]), tree=ui.tree_svg([]),
+                    tiles=ui.tiles_html({}, False), plot=step_plot([]), tree=ui.tree_svg([]),
                     timing=ui.timing_html({}), compare="", run=None)
 
     def stop(self, request: gr.Request | None = None) -> None:
@@ -412,6 +412,11 @@ class Playground:
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
                           value=layers, interactive=spec and len(choices) > 1),
                 ui.head_note(self.heads, spec, aux, layers))
+
+
+def step_plot(accepted_per_step: Sequence[int]) -> dict:
+    """The step plot's update: its data, and axes whose ticks fall on whole numbers."""
+    return gr.update(value=ui.steps_frame(accepted_per_step), **ui.steps_axes(accepted_per_step))
 
 
 def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
@@ -532,8 +537,10 @@ def _main_panel() -> dict[str, Any]:
     o["status"] = gr.Markdown("Ready.", label="Status line", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
     with gr.Row():  # side by side where both fit their min_width, else one above the other
-        o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted", height=240,
-                               label="Accepted draft tokens per step", elem_id="step-plot",
+        # no fixed height: Gradio's block then cut off the x axis's labels and title
+        o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted",
+                               **ui.steps_axes([]), label="Accepted draft tokens per step",
+                               elem_id="step-plot",
                                min_width=320)
         o["timing"] = gr.HTML(ui.timing_html({}), label="Per-phase timing", elem_id="timing",
                               min_width=320)

@@ -30,6 +30,7 @@ LEGEND_HINT = {"accepted": "solid underline", "context": "double underline",
                "rejected": "struck through", "bonus": "dotted underline", "target": "plain"}
 SOURCE_TEXT = {"context": "drafted from the context", "both": "head and context agreed"}
 DRAFTED = ("accepted", "context")  # the kinds of accepted draft tokens
+STEPS_SHOWN, ACCEPTED_SHOWN = 20, 5  # the step plot's axes span at least these (`steps_axes`)
 
 
 class HeadLike(Protocol):
@@ -211,6 +212,14 @@ def timing_html(stats: dict[str, Any]) -> str:
 def steps_frame(accepted_per_step: Sequence[int]) -> pd.DataFrame:
     return pd.DataFrame({"step": list(range(1, len(accepted_per_step) + 1)),
                          "accepted": list(accepted_per_step)})
+
+
+def steps_axes(accepted_per_step: Sequence[int]) -> dict[str, list[float]]:
+    """The step plot's axis limits: at least STEPS_SHOWN steps and ACCEPTED_SHOWN accepted
+    tokens, so a short answer's ticks fall on whole numbers (fitted to 3 steps, the chart put
+    them at 0.8, 1.0, 1.2, ...)."""
+    return {"x_lim": [0, max(len(accepted_per_step), STEPS_SHOWN) + 1],
+            "y_lim": [0, max(max(accepted_per_step, default=0), ACCEPTED_SHOWN)]}
 
 
 def _tree_rows(nodes: Sequence[TreeNode]) -> list[int]:

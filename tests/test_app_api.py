@@ -105,8 +105,9 @@ def test_chat_streams_token_kinds_and_compares_with_baseline(app_server: AppServ
                else f"Greedy texts differ from character {diff}.")
     assert verdict in final[OUT["compare"]]
     assert final[OUT["status"]].startswith("Done")
-    steps = final[OUT["plot"]]["data"]
-    assert len(steps) == run["stats"]["num_steps"]
+    plot = final[OUT["plot"]]  # an update: the data, and axes on whole numbers
+    assert len(plot["value"]["data"]) == run["stats"]["num_steps"]
+    assert plot["x_lim"] == [0, max(run["stats"]["num_steps"], 20) + 1]
     alone = app_server.client().predict(STORY, spec=False, **settings, api_name="/chat")
     assert alone[OUT["run"]]["text"] == base_text, "baseline = same prompt and settings, no head"
     assert "<svg" in final[OUT["tree"]] and "verify" in final[OUT["timing"]]
@@ -178,7 +179,8 @@ def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
 def test_plot_moves_at_most_once_per_plot_interval(tmp_path: Path) -> None:
     """Frames of a streamed answer, in process on a tiny engine: with a plot interval of 0 every
     frame carries the step plot; with one longer than the answer only the first and the last
-    do, and the others leave it as it is (gr.skip()). The final plot has every step."""
+    do, and the others leave it as it is (gr.skip()). The final plot has every step, and axes
+    that span at least 20 steps and 5 tokens, so that their ticks are whole numbers."""
     import gradio as gr
     import pandas as pd
 
@@ -194,10 +196,13 @@ def test_plot_moves_at_most_once_per_plot_interval(tmp_path: Path) -> None:
         frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
                               0, False, "fp32", True))
         plots[interval] = [f[at] for f in frames]
+        final = plots[interval][-1]
         assert len(frames) > 3 and frames[-1][app.OUTPUTS.index("run")]["stats"][
-            "num_steps"] == len(plots[interval][-1])
-    assert all(isinstance(p, pd.DataFrame) for p in plots[0.0])
-    drawn = [isinstance(p, pd.DataFrame) for p in plots[3600.0]]
+            "num_steps"] == len(final["value"])
+        assert final["x_lim"] == [0, max(len(final["value"]), 20) + 1]
+        assert final["y_lim"] == [0, max(final["value"]["accepted"].max(), 5)]
+    assert all(isinstance(p["value"], pd.DataFrame) for p in plots[0.0])
+    drawn = [p != gr.skip() for p in plots[3600.0]]
     assert drawn[0] and drawn[-1] and not any(drawn[1:-1]), drawn
     assert all(p == gr.skip() for p in plots[3600.0][1:-1])
 

@@ -1,13 +1,13 @@
 """Browser tests: Debian's Chromium (pip playwright, `executable_path`) on the app launched by
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
-sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the
-legend's styles, the sidebar controls show their effect, Stop freezes the answer without an
-error badge and the page keeps working (Enter sends, Shift+Enter breaks the line), the next
-message can be typed while an answer streams, Clear during an answer leaves an empty page, bad
-input gives a toast, two tabs keep their own chats, another target without heads answers
-alone. The token pane is compared with
-assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads
-as code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
+sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the legend's
+styles, the sidebar controls show their effect, the step plot counts whole steps, Stop freezes the
+answer without an error badge and the page keeps working (Enter sends, Shift+Enter breaks the
+line), the next message can be typed while an answer streams, Clear during an answer leaves an
+empty page, bad input gives a toast, two tabs keep their own chats, another target without heads
+answers alone. The token pane is compared with assets/screenshots/token_pane_ref.png, and a code
+answer shows an estimated speedup and reads as code (UPDATE_SCREENSHOTS=1 rewrites the token pane
+reference and the README shot).
 """
 from __future__ import annotations
 
@@ -253,6 +253,26 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "app_answer.png"), animations="disabled", caret="hide")
     assert probe.external_requests == [] and probe.console_errors == []
+
+
+# the step plot's tick labels, and how far its chart reaches below its block (<= 0: inside)
+STEP_PLOT_JS = """e => {
+  const block = e.getBoundingClientRect(), chart = e.querySelector('svg.marks');
+  return {labels: Array.from(e.querySelectorAll('.role-axis-label text'), t => t.textContent),
+          below: chart ? chart.getBoundingClientRect().bottom - block.bottom : null}; }"""
+
+
+def test_step_plot_shows_whole_steps_inside_its_block(probe: PageProbe) -> None:
+    """A short answer's step plot: its ticks are whole steps and tokens (fitted to three
+    steps, the chart put them at 0.8, 1.0, 1.2, ...) and its axes lie inside the block (with a
+    fixed height, Gradio's block cut off the x axis's labels and title)."""
+    page = probe.page
+    ask(page, "Say hi.", 6)
+    wait_done(page)
+    page.locator("#step-plot .role-axis-label text").first.wait_for()
+    got = page.locator("#step-plot").evaluate(STEP_PLOT_JS)
+    assert got["labels"] and all(re.fullmatch(r"\d+", t) for t in got["labels"]), got
+    assert got["below"] is not None and got["below"] <= 0, got
 
 
 def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
