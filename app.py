@@ -60,6 +60,34 @@ FRAME_INTERVAL_S = 0.25
 PROGRESS = "minimal"
 # Pages at most this wide (phones) open with the sidebar closed: open, it covers the chat.
 NARROW_PX = 768
+# Copying an answer copies its text. An answer is token spans (`ui_render`), and Gradio's
+# "Copy message" / "Copy conversation" buttons copied that HTML, rejected drafts included;
+# selecting the answer and pressing Ctrl+C copied the struck-through drafts too. Gradio has no
+# hook for what it copies, so the page cleans the text on its way to the clipboard: the
+# Clipboard API's writeText, Gradio's fallback (a hidden textarea; pages served over plain
+# HTTP to another machine have no Clipboard API) and a selection within the chat.
+COPY_AS_TEXT_JS = """() => {
+    const tokens = (s) => s.includes('class="tok ');
+    const text = (node) => {  // the answer as read: rejected drafts out, entities decoded
+        node.querySelectorAll('.tok-rej').forEach((e) => e.remove());
+        return node.textContent;
+    };
+    const clean = (s) => tokens(s) ? text(new DOMParser().parseFromString(s, 'text/html').body) : s;
+    if (navigator.clipboard) {
+        const write = navigator.clipboard.writeText.bind(navigator.clipboard);
+        navigator.clipboard.writeText = (s) => write(clean(s));
+    }
+    document.addEventListener('copy', (e) => {
+        const box = e.target, sel = document.getSelection();
+        let out = null;
+        if (box instanceof HTMLTextAreaElement && tokens(box.value)) out = clean(box.value);
+        else if (sel.rangeCount && document.querySelector('#chat')?.contains(sel.anchorNode)) {
+            const div = document.createElement('div');
+            div.append(sel.getRangeAt(0).cloneContents());
+            if (div.querySelector('.tok-rej')) out = text(div);
+        }
+        if (out !== null) { e.clipboardData.setData('text/plain', out); e.preventDefault(); }
+    }, true); }"""
 # A conversation past the context window leaves out its oldest turns until it fills at most
 # this share of the window, so its next turns start their prompt the same way and reuse its
 # cached rows instead of reading the whole window again (docs/results.md, section 42).
@@ -605,6 +633,7 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     demo.load(None, None, None, queue=False, js=f"""() => {{
         if (window.innerWidth <= {NARROW_PX})
             document.querySelector('#sidebar.open .toggle-button')?.click(); }}""")
+    demo.load(None, None, None, queue=False, js=COPY_AS_TEXT_JS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

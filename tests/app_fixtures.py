@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,9 +155,11 @@ class PageProbe:
     console_errors: list[str]
 
 
-def open_page(browser: Any, url: str, width: int = 1400, height: int = 1000) -> PageProbe:
+def open_page(browser: Any, url: str, width: int = 1400, height: int = 1000,
+              permissions: Sequence[str] = ()) -> PageProbe:
     ctx = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1,
-                              reduced_motion="reduce", color_scheme="light")
+                              reduced_motion="reduce", color_scheme="light",
+                              permissions=list(permissions))
     page = ctx.new_page()
     probe = PageProbe(page, [], [])
 

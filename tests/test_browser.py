@@ -4,15 +4,16 @@ sidebar (closed on a phone), a typed prompt streams an answer with the token kin
 styles, the sidebar controls show their effect, the step plot counts whole steps, Stop freezes the
 answer without an error badge and the page keeps working (Enter sends, Shift+Enter breaks the
 line), the next message can be typed while an answer streams, Clear during an answer leaves an
-empty page, bad input gives a toast, two tabs keep their own chats, another target without heads
-answers alone. The token pane is compared with assets/screenshots/token_pane_ref.png, and a code
-answer shows an estimated speedup and reads as code (UPDATE_SCREENSHOTS=1 rewrites the token pane
-reference and the README shot).
+empty page, bad input gives a toast, two tabs keep their own chats, copying an answer copies its
+text, another target without heads answers alone. The token pane is compared with
+assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
+code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
 from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,51 @@ def test_another_target_without_heads_answers_alone(
         assert page.get_by_test_id("toast-body").count() == 0
         assert probe.external_requests == [] and probe.console_errors == []
         page.context.close()
+
+
+def copied(page: Any, ready: Any, timeout_s: float = 10.0) -> str:
+    """The clipboard's text once `ready(text)` holds (a copy writes it asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready(text := page.evaluate("navigator.clipboard.readText()")):
+        assert time.monotonic() < deadline, f"clipboard still {text[:200]!r}"
+        page.wait_for_timeout(50)
+    return text
+
+
+def test_copy_gives_the_answer_text(chromium: Any, app_server: AppServer) -> None:
+    """Copying an answer copies its text, without the rejected drafts or the token markup:
+    Gradio's "Copy message" and "Copy conversation" buttons (which copied the spans' HTML), a
+    selection of the answer with Ctrl+C (which copied the struck-through drafts), and Gradio's
+    fallback for pages without the Clipboard API (a hidden textarea it selects and copies)."""
+    from tests.app_fixtures import open_page
+    from tests.test_app_api import OUT
+
+    question = "Write a Python function that reverses a string."
+    expected = app_server.client().predict(question, max_new_tokens=60, temperature=0.0,
+                                           api_name="/chat")[OUT["run"]]["text"]
+    probe = open_page(chromium, app_server.url, permissions=["clipboard-read", "clipboard-write"])
+    page = probe.page
+    ask(page, question, 60)
+    wait_done(page)
+    assert last_answer(page).locator(".tok-rej").count() > 0  # there are drafts to leave out
+    last_answer(page).hover()
+    page.locator('#chat button[aria-label="Copy message"]').last.click()
+    assert copied(page, lambda t: "<span" not in t) == expected
+    page.locator('#chat button[aria-label="Copy conversation"]').click()
+    assert copied(page, lambda t: t.startswith("user:")) == (
+        f"user: {question}\n\nassistant: {expected}")
+    last_answer(page).evaluate("""(e) => { const r = document.createRange();
+        r.selectNodeContents(e); getSelection().removeAllRanges(); getSelection().addRange(r); }""")
+    page.keyboard.press("Control+C")
+    assert copied(page, lambda t: not t.startswith("user:")).strip() == expected.strip()
+    page.evaluate("navigator.clipboard.writeText('')")
+    markup = last_answer(page).locator(".md").first.inner_html()
+    page.evaluate("""(markup) => { const box = document.createElement('textarea');
+        box.value = markup; document.body.prepend(box); box.select();
+        document.execCommand('copy'); box.remove(); }""", markup)
+    assert copied(page, bool).strip() == expected.strip()
+    assert probe.console_errors == []
+    page.context.close()
 
 
 def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
