@@ -30,10 +30,12 @@ from tests.helpers import ByteTokenizer, make_hf_target, random_head
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
 
 
-def test_quick_pipeline(tmp_path: Path) -> None:
+def test_quick_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, work = tmp_path / "head", tmp_path / "work"
     assert main(["train", "--quick", "--prompts", str(DATA), "--out", str(out),
                  "--work-dir", str(work)]) == 0
+    said = capsys.readouterr().out  # where the head is and how to try it, without -v
+    assert f"wrote {out} (" in said and f"generate --draft {out} " in said
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["draft_vocab_size"] == 512 and cfg["eagle_config"]["use_aux_hidden_state"]

@@ -369,8 +369,6 @@ def run_pipeline(args: argparse.Namespace) -> None:
             return collate(cached, group, in_vocab)
     run_dir = work / ("run-" + "+".join(s.out.name for s in specs))
     done = train(heads, lengths, make_batch, run_dir, params, deadline)
-    if not done:
-        log.info("stopped at the time limit: the same command resumes from %s", run_dir)
     wall = time.perf_counter() - t0
     for spec, head in zip(specs, heads):  # with --holdout, `train` left the best states
         save_draft(head.model, target.cfg, spec.out, 8192)
@@ -378,6 +376,12 @@ def run_pipeline(args: argparse.Namespace) -> None:
         plot_log(head.log, spec.out / "training.png")
         (spec.out / "train_log.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in head.log))
+        print(f"wrote {spec.out} (weights, config.json, card README.md, training.png, "
+              f"train_log.jsonl) after {len(head.log)} steps")
+    if not done:
+        print(f"stopped at the time limit: the same command resumes from {run_dir}")
+    print(f"try it: python -m eagle_engine generate --draft {specs[0].out} --prompt \"...\"; "
+          f"python -m eagle_engine eval-head --draft {specs[0].out} --prompts FILE")
 
 
 def recipe_text(spec: HeadSpec) -> str:
