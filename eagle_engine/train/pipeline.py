@@ -380,8 +380,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
               f"train_log.jsonl) after {len(head.log)} steps")
     if not done:
         print(f"stopped at the time limit: the same command resumes from {run_dir}")
-    print(f"try it: python -m eagle_engine generate --draft {specs[0].out} --prompt \"...\"; "
-          f"python -m eagle_engine eval-head --draft {specs[0].out} --prompts FILE")
+    target = "" if args.target == "bundled" else f" --target {args.target}"
+    print(f"try it: python -m eagle_engine generate{target} --draft {specs[0].out} --prompt "
+          f"\"...\"; python -m eagle_engine eval-head{target} --draft {specs[0].out} "
+          "--prompts FILE")
 
 
 def recipe_text(spec: HeadSpec) -> str:
