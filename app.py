@@ -95,6 +95,12 @@ KEEP_WHEN_FULL = 0.75
 # How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
 # a prefill at worst) before Gradio cancels the run between two frames.
 STOP_WAIT_S = 10.0
+# What Stop says when the session streams nothing: Gradio's `cancels` do not reach an answer
+# still waiting in its queue (a visitor beyond the --max-batch answered at once), which starts
+# when its turn comes (docs/results.md, section 43).
+NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting in the queue "
+                     "(the status line shows its place) cannot be taken back there: it starts "
+                     "when its turn comes, and Stop ends it then.")
 # The step plot is a Vega chart the browser redraws for every frame that carries it: with the
 # plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
 # an answer streams the plot moves at most once per this interval; the last frame draws it.
@@ -185,9 +191,10 @@ class StopFlags:
     reads after every engine step, and ends with a last frame once the flag is set. Gradio's
     `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
     "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
-    takes back answers still waiting in the queue, which have no flag yet. A session streams
-    one answer at a time: two would write the same chat, and the last to end would drop the
-    other's turn."""
+    ends an answer that did not end within STOP_WAIT_S. It cannot take back an answer still
+    waiting in Gradio's queue, which has no flag yet: Gradio cancels running events only
+    (section 43). A session streams one answer at a time: two would write the same chat, and
+    the last to end would drop the other's turn."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -212,6 +219,10 @@ class StopFlags:
             with self._lock:
                 if session is not None:
                     del self._runs[session]
+
+    def streaming(self, session: str | None) -> bool:
+        with self._lock:
+            return session is not None and session in self._runs
 
     def stop(self, session: str | None, timeout: float) -> bool:
         """Set the flag of `session`'s streaming answer and wait until it has ended; False when
@@ -423,8 +434,11 @@ class Playground:
 
     def stop(self, request: gr.Request | None = None) -> None:
         """Stop: the session's streaming answer ends after its engine step in flight, with a last
-        frame that says so; Gradio then cancels the session's answers still in the queue."""
-        self.stops.stop(request.session_hash if request else None, STOP_WAIT_S)
+        frame that says so. With none streaming, a toast says why nothing stops: the visitor's
+        message may wait in the queue, where Stop cannot reach it (`StopFlags`)."""
+        session = request.session_hash if request else None
+        if not self.stops.stop(session, STOP_WAIT_S) and not self.stops.streaming(session):
+            gr.Info(NOTHING_STREAMING)
 
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
         """Updates for aux, layers and the head note: only combinations with a loaded head."""

@@ -1,7 +1,7 @@
 """A visitor's flows through the playground's handlers, over the tiny q4 engine of
 test_app_batch.py (a 256-token context window): Stop ends a streaming answer with a last frame
 (alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
-leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
+says why in a toast and leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
 baseline's start; an answer without its baseline clears the last compare; only a sent message's
 first frame empties the message box; a session streams one answer at a time; a conversation
 past the context window leaves its oldest turns out of the prompt (enough that the next turns
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,10 +25,12 @@ from tests.test_app_batch import QUESTIONS, answer, engine, settings  # noqa: F4
 @pytest.mark.parametrize("max_batch", [1, 4], ids=["alone", "scheduler"])
 @pytest.mark.parametrize("compare", [False, True], ids=["answer", "compare"])
 def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: int,
-                                                compare: bool) -> None:
+                                                compare: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Stop sets the session's flag while the visitor's frames stream (Gradio pulls them on
     another thread); the answer ends after the step in flight, Stop returns once its last frame
-    is out, and the engine answers the next message in full."""
+    is out, and the engine answers the next message in full. A Stop with nothing streaming
+    says in a toast that a message waiting in the queue cannot be taken back."""
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=compare)
     pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=max_batch)
     frames = pg.run([], QUESTIONS[3], s, session="visitor")
@@ -51,6 +54,10 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     assert 0 < n < 48 and "text" not in run, "a stopped answer leaves no run record"
     assert not any(str(f[app.OUTPUTS.index("status")]).startswith("Baseline") for f in pulled)
     assert not pg.stops.stop("visitor", timeout=1), "nothing streams: Stop finds no answer"
+    said: list[str] = []
+    monkeypatch.setattr(app.gr, "Info", said.append)
+    pg.stop(SimpleNamespace(session_hash="visitor"))
+    assert said == [app.NOTHING_STREAMING], "a Stop with nothing streaming says why"
     full = dataclasses.replace(s, compare=False)
     record, status, _ = answer(pg, QUESTIONS[3], full)
     fresh = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
