@@ -436,9 +436,17 @@ class Playground:
         """Stop: the session's streaming answer ends after its engine step in flight, with a last
         frame that says so. With none streaming, a toast says why nothing stops: the visitor's
         message may wait in the queue, where Stop cannot reach it (`StopFlags`)."""
-        session = request.session_hash if request else None
-        if not self.stops.stop(session, STOP_WAIT_S) and not self.stops.streaming(session):
+        if not self._end(request):
             gr.Info(NOTHING_STREAMING)
+
+    def end(self, request: gr.Request | None = None) -> None:
+        """Clear's first step: end the session's streaming answer, as Stop does, silently."""
+        self._end(request)
+
+    def _end(self, request: gr.Request | None) -> bool:
+        """End the session's streaming answer; False when none was streaming."""
+        session = request.session_hash if request else None
+        return self.stops.stop(session, STOP_WAIT_S) or self.stops.streaming(session)
 
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
         """Updates for aux, layers and the head note: only combinations with a loaded head."""
@@ -616,11 +624,14 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                       [o["prompt"], o["history"], *settings], api_name="chat", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw)]
-        o["stop"].click(pg.stop, None, None, queue=False, api_name="stop").then(
+        # queued, for its toast (Gradio shows none from an unqueued event), in a group of its
+        # own that never waits behind the answers
+        o["stop"].click(pg.stop, None, None, api_name="stop", concurrency_id="stop",
+                        concurrency_limit=None).then(
             None, None, None, cancels=runs, queue=False, api_visibility="private")
         # Clear stops a streaming answer the same way first: cancelled, its late frames
         # could draw over the cleared page (and left the same "Error" badge)
-        o["clear"].click(pg.stop, None, None, queue=False, api_visibility="private").then(
+        o["clear"].click(pg.end, None, None, queue=False, api_visibility="private").then(
             pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
     return demo

@@ -465,6 +465,11 @@ def test_bad_input_gives_a_toast_and_keeps_the_chat(probe: PageProbe) -> None:
     ask(page, "Say bye.", 4)
     wait_done(page)
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(2)
+    # Stop with nothing streaming says why (a message in the queue cannot be taken back); the
+    # toast needs a queued Stop event: Gradio shows none from an unqueued one
+    page.click("#stop")
+    ex(page.get_by_test_id("toast-body").last).to_contain_text("Nothing of yours is streaming")
+    ex(page.locator("#status")).to_contain_text("Done")
 
 
 def test_two_tabs_are_queued_and_keep_their_own_chats(chromium: Any,
