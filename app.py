@@ -65,7 +65,8 @@ NARROW_PX = 768
 # selecting the answer and pressing Ctrl+C copied the struck-through drafts too. Gradio has no
 # hook for what it copies, so the page cleans the text on its way to the clipboard: the
 # Clipboard API's writeText, Gradio's fallback (a hidden textarea; pages served over plain
-# HTTP to another machine have no Clipboard API) and a selection within the chat.
+# HTTP to another machine have no Clipboard API) and a selection within the chat or the
+# compare panel.
 COPY_AS_TEXT_JS = """() => {
     const tokens = (s) => s.includes('class="tok ');
     const text = (node) => {  // the answer as read: rejected drafts out, entities decoded
@@ -81,7 +82,8 @@ COPY_AS_TEXT_JS = """() => {
         const box = e.target, sel = document.getSelection();
         let out = null;
         if (box instanceof HTMLTextAreaElement && tokens(box.value)) out = clean(box.value);
-        else if (sel.rangeCount && document.querySelector('#chat')?.contains(sel.anchorNode)) {
+        else if (sel.rangeCount && ['#chat', '#compare-out'].some(
+                (id) => document.querySelector(id)?.contains(sel.anchorNode))) {
             const div = document.createElement('div');
             div.append(sel.getRangeAt(0).cloneContents());
             if (div.querySelector('.tok-rej')) out = text(div);

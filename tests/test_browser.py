@@ -135,8 +135,9 @@ def copied(page: Any, ready: Any, timeout_s: float = 10.0) -> str:
 def test_copy_gives_the_answer_text(chromium: Any, app_server: AppServer) -> None:
     """Copying an answer copies its text, without the rejected drafts or the token markup:
     Gradio's "Copy message" and "Copy conversation" buttons (which copied the spans' HTML), a
-    selection of the answer with Ctrl+C (which copied the struck-through drafts), and Gradio's
-    fallback for pages without the Clipboard API (a hidden textarea it selects and copies)."""
+    selection of the answer, in the chat or the compare panel, with Ctrl+C (which copied the
+    struck-through drafts), and Gradio's fallback for pages without the Clipboard API (a hidden
+    textarea it selects and copies)."""
     from tests.app_fixtures import open_page
     from tests.test_app_api import OUT
 
@@ -145,8 +146,9 @@ def test_copy_gives_the_answer_text(chromium: Any, app_server: AppServer) -> Non
                                            api_name="/chat")[OUT["run"]]["text"]
     probe = open_page(chromium, app_server.url, permissions=["clipboard-read", "clipboard-write"])
     page = probe.page
+    page.locator("#compare input").check()
     ask(page, question, 60)
-    wait_done(page)
+    expect()(page.locator("#status")).to_contain_text("Done", timeout=DONE_TIMEOUT_MS)
     assert last_answer(page).locator(".tok-rej").count() > 0  # there are drafts to leave out
     last_answer(page).hover()
     page.locator('#chat button[aria-label="Copy message"]').last.click()
@@ -158,6 +160,12 @@ def test_copy_gives_the_answer_text(chromium: Any, app_server: AppServer) -> Non
         r.selectNodeContents(e); getSelection().removeAllRanges(); getSelection().addRange(r); }""")
     page.keyboard.press("Control+C")
     assert copied(page, lambda t: not t.startswith("user:")).strip() == expected.strip()
+    page.evaluate("navigator.clipboard.writeText('')")
+    page.locator("#compare-eagle .spec-answer").evaluate("""(e) => {
+        const r = document.createRange(); r.selectNodeContents(e);
+        getSelection().removeAllRanges(); getSelection().addRange(r); }""")
+    page.keyboard.press("Control+C")
+    assert copied(page, bool).strip() == expected.strip()  # the compare panel's answer
     page.evaluate("navigator.clipboard.writeText('')")
     markup = last_answer(page).locator(".md").first.inner_html()
     page.evaluate("""(markup) => { const box = document.createElement('textarea');
