@@ -73,7 +73,8 @@ COPY_AS_TEXT_JS = """() => {
         node.querySelectorAll('.tok-rej').forEach((e) => e.remove());
         return node.textContent;
     };
-    const clean = (s) => tokens(s) ? text(new DOMParser().parseFromString(s, 'text/html').body) : s;
+    const clean = (s) => tokens(s)
+        ? text(new DOMParser().parseFromString(s, 'text/html').body) : s;
     if (navigator.clipboard) {
         const write = navigator.clipboard.writeText.bind(navigator.clipboard);
         navigator.clipboard.writeText = (s) => write(clean(s));
@@ -405,7 +406,7 @@ class Playground:
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
             max_new_tokens, seed, compare, weights, context_drafts, min_score),
-            request.session_hash if request else None)
+            session_of(request))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
@@ -420,7 +421,7 @@ class Playground:
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
             max_new_tokens, seed, compare, weights, context_drafts, min_score),
-            request.session_hash if request else None, from_box=False)
+            session_of(request), from_box=False)
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
@@ -447,7 +448,7 @@ class Playground:
 
     def _end(self, request: gr.Request | None) -> bool:
         """End the session's streaming answer; False when none was streaming."""
-        session = request.session_hash if request else None
+        session = session_of(request)
         return self.stops.stop(session, STOP_WAIT_S) or self.stops.streaming(session)
 
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
@@ -464,6 +465,11 @@ class Playground:
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
                           value=layers, interactive=spec and len(choices) > 1),
                 ui.head_note(self.heads, spec, aux, layers))
+
+
+def session_of(request: gr.Request | None) -> str | None:
+    """The visitor's page session (None outside a Gradio event: no Stop reaches that answer)."""
+    return request.session_hash if request else None
 
 
 def step_plot(accepted_per_step: Sequence[int]) -> dict:

@@ -300,7 +300,7 @@ def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool,
     (`stopped`: Stop ended the baseline early, so only its start can be compared)."""
     def column(title: str, view: AnswerView, col_id: str) -> str:
         s = view.stats
-        meta = (f"{view.num_tokens} tokens · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
+        meta = (f"{tokens_text(view.num_tokens)} · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
                 f"{s.get('elapsed_s', 0.0):.2f} s")
         return (f'<div class="compare-col" id="{col_id}"><div class="compare-title">{title}</div>'
                 f'<div class="compare-meta">{meta}</div><div class="spec-answer">{view.html()}'

@@ -1,12 +1,12 @@
 """A visitor's flows through the playground's handlers, over the tiny q4 engine of
 test_app_batch.py (a 256-token context window): Stop ends a streaming answer with a last frame
 (alone or in a batch, with or without the baseline to compare) and a Stop with nothing streaming
-says why in a toast and leaves the next answer whole; a Stop during the baseline keeps the answer and compares only the
-baseline's start; an answer without its baseline clears the last compare; only a sent message's
-first frame empties the message box; a session streams one answer at a time; a conversation
-past the context window leaves its oldest turns out of the prompt (enough that the next turns
-keep its start), and says so. Gradio pulls a visitor's frames on its own thread, so the visitor
-here is a thread too.
+says why in a toast and leaves the next answer whole; a Stop during the baseline keeps the
+answer and compares only the baseline's start; an answer without its baseline clears the last
+compare; only a sent message's first frame empties the message box; a session streams one answer
+at a time; a conversation past the context window leaves its oldest turns out of the prompt
+(enough that the next turns keep its start), and says so. Gradio pulls a visitor's frames on its
+own thread, so the visitor here is a thread too.
 """
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
     assert len(ids) + reserve <= keep < prompt_len(turns[left_out - 1:]) + reserve
     last = list(pg.run(turns, "why", s))[-1]
     status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
-    assert status.startswith("Done") and f"the oldest {app.turns_text(left_out)} left out" in status
+    assert status.startswith("Done")
+    assert f"the oldest {app.turns_text(left_out)} left out" in status
     assert [t["user"] for t in history[:-1]] == [t["user"] for t in turns], "the chat keeps all"
     assert history[-1]["left_out"] == left_out
     # the next turn leaves out the same turns while it fits: its prompt starts with this one,

@@ -1,11 +1,11 @@
 """Browser tests: Debian's Chromium (pip playwright, `executable_path`) on the app launched by
 tests/app_fixtures.py. A person's path through the page: it loads offline with a legend and a
-sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the legend's
-styles, the sidebar controls show their effect, the step plot counts whole steps, Stop freezes the
-answer without an error badge and the page keeps working (Enter sends, Shift+Enter breaks the
-line), the next message can be typed while an answer streams, Clear during an answer leaves an
-empty page, bad input gives a toast, two tabs keep their own chats, copying an answer copies its
-text, another target without heads answers alone. The token pane is compared with
+sidebar (closed on a phone), a typed prompt streams an answer with the token kinds in the
+legend's styles, the sidebar controls show their effect, the step plot counts whole steps, Stop
+freezes the answer without an error badge and the page keeps working (Enter sends, Shift+Enter
+breaks the line), the next message can be typed while an answer streams, Clear during an answer
+leaves an empty page, bad input gives a toast, two tabs keep their own chats, copying an answer
+copies its text, another target without heads answers alone. The token pane is compared with
 assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
 code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
 """
@@ -156,8 +156,9 @@ def test_copy_gives_the_answer_text(chromium: Any, app_server: AppServer) -> Non
     page.locator('#chat button[aria-label="Copy conversation"]').click()
     assert copied(page, lambda t: t.startswith("user:")) == (
         f"user: {question}\n\nassistant: {expected}")
-    last_answer(page).evaluate("""(e) => { const r = document.createRange();
-        r.selectNodeContents(e); getSelection().removeAllRanges(); getSelection().addRange(r); }""")
+    last_answer(page).evaluate("""(e) => {
+        const r = document.createRange(); r.selectNodeContents(e);
+        getSelection().removeAllRanges(); getSelection().addRange(r); }""")
     page.keyboard.press("Control+C")
     assert copied(page, lambda t: not t.startswith("user:")).strip() == expected.strip()
     page.evaluate("navigator.clipboard.writeText('')")
