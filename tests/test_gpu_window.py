@@ -1,7 +1,7 @@
 """`deploy/gpu_window.sh` on this machine, standing in for the device: the parts carried by
 separate calls make the file of `target.sha256` again (a missing part is named and nothing is
 run), and what a command writes to the stash's `out` comes back through `$OUT` in pieces that
-`collect` unpacks to the same bytes."""
+`collect` unpacks to the same bytes (gzipped on the way)."""
 from __future__ import annotations
 
 import hashlib
@@ -41,16 +41,20 @@ def test_parts_carried_by_separate_calls_make_the_target_and_out_comes_back(
     assert missing.returncode == 2 and "a part was not carried" in missing.stderr
     assert not (device / "ran").exists() and not (stash / "model.gguf").exists()
 
-    # 20 MiB of output: more than one 15 MiB piece
+    # 20 MiB of output that gzip cannot shrink (more than one 15 MiB piece) and a 30 MiB log
+    # that it can (the two together would take four pieces unzipped)
     payload = os.urandom(20 * 1024 * 1024)
     (tmp_path / "payload").write_bytes(payload)
+    log = b'{"step": 1, "loss": 2.5}\n' * (30 * 1024 * 1024 // 26)
+    (tmp_path / "log").write_bytes(log)
     done = call(device, {"part-2": parts[2], "target.sha256": sha}, env, "run",
                 f'test "$EAGLE_TARGET" = "{stash}/model.gguf" && mkdir -p "{stash}/out/head" && '
-                f'cp "{tmp_path}/payload" "{stash}/out/head/model.safetensors"')
+                f'cp "{tmp_path}/payload" "{stash}/out/head/model.safetensors" && '
+                f'cp "{tmp_path}/log" "{stash}/out/head/train_log.jsonl"')
     assert done.returncode == 0, done.stderr
     assert (stash / "model.gguf").read_bytes() == target
     pieces = sorted(p.name for p in out.iterdir())
-    assert pieces == ["out.tar.part-0", "out.tar.part-1"]
+    assert pieces == ["out.tar.gz.part-0", "out.tar.gz.part-1"]
     assert all((out / p).stat().st_size <= 16 * 1024 * 1024 for p in pieces)
 
     here = tmp_path / "here"
@@ -58,6 +62,7 @@ def test_parts_carried_by_separate_calls_make_the_target_and_out_comes_back(
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (here / "out" / "head" / "model.safetensors").read_bytes() == payload
+    assert (here / "out" / "head" / "train_log.jsonl").read_bytes() == log
 
     # a failing command still sends back what it wrote, and its status is the script's
     for p in out.iterdir():
