@@ -17,6 +17,7 @@ import torch
 from eagle_engine.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
+from eagle_engine.io_struct import EagleDraftExtendInput
 from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
@@ -252,6 +253,34 @@ def test_init_from_carries_lm_head_rows_id_by_id(tmp_path: Path) -> None:
     assert float((got - expected).norm() / expected.norm()) < 0.05
     bare = target.lm_head.weight[grown[new]].detach()
     assert float((got - bare).norm() / expected.norm()) > 0.5
+
+
+def test_init_from_a_one_layer_head_grows_a_second_layer_that_starts_as_the_identity(
+        tmp_path: Path) -> None:
+    """`--init-from` a 1-layer head into a 2-layer one (how `eagle3-aux-2layer` was made)
+    copies fc, its norms, layer 0, the final norm and lm_head, and the second layer starts with
+    zero residual branches: the grown head's logits and recycled hidden equal the source's,
+    over a prompt and over a draft step from the recycled hidden."""
+    target = load_target(make_hf_target(tmp_path / "t"), torch.float32, "cpu", 128)
+    source = random_head(target.cfg, seed=3, draft_vocab=48, fc_norm=True, norm_output=True)
+    save_draft(source, target.cfg, tmp_path / "src", 128, dtype=torch.float32)
+    grown = random_head(target.cfg, seed=4, num_layers=2, draft_vocab=48, fc_norm=True,
+                        norm_output=True)
+    init_head(grown, target, source.hot_ids, tmp_path / "src")
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.cfg.vocab_size, (1, 5))  # [1, 5]
+    feats = torch.randn(1, 5, EagleDraftExtendInput.hidden_size_for(source.cfg))  # [1, 5, 3H]
+    outs = []
+    for head in (source, grown):
+        cache = head.new_cache()
+        logits, hidden = head(ids, feats, torch.arange(5)[None], cache, 0, causal_mask(5, 0, "cpu"),
+                              from_target=True)  # [1, 5, Vd], [1, 5, H]
+        step, _ = head(ids[:, -1:], hidden[:, -1:], torch.tensor([[5]]), cache, 5,
+                       causal_mask(1, 5, "cpu"), from_target=False)  # [1, 1, Vd]
+        outs.append((logits, hidden, step))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert float(grown.layers[1].self_attn.qkv_proj.weight.abs().sum()) > 0  # a real layer
 
 
 def test_more_samples_per_prompt_adds_only_new_answers_and_refreshes_features(
