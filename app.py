@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import gradio as gr
 
 from eagle_engine import ui_render as ui
-from eagle_engine.config import (CONTEXT_DRAFTS, ConfigError, EngineConfig, SamplingParams,
-                                 TreeParams, gguf_target)
+from eagle_engine.config import (CHAIN_SURE, CONTEXT_DRAFTS, ConfigError, EngineConfig,
+                                 SamplingParams, TreeParams, gguf_target)
 from eagle_engine.events import StepEvent
 from eagle_engine.scheduler import Scheduler
 from eagle_engine.speed_estimate import (Estimate, PlainRate, estimate, measure,
@@ -319,7 +319,7 @@ class Playground:
         sampling, tree, head = s.request(self.heads)
         engine, rate = self.engines[s.weights], self.rates[s.weights]
         ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
-            tree.num_draft_tokens if head else 1))
+            tree.max_rows if head else 1))
         t0 = time.perf_counter()
         view = ui.AnswerView()
         with closing(self._steps(engine, ids, sampling, tree, head)) as events:
@@ -401,18 +401,19 @@ class Playground:
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
              max_new_tokens: int, seed: float | None, compare: bool, weights: str,
              context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
-             request: gr.Request | None = None) -> Iterator[tuple]:
+             context_extra: int = 0, request: gr.Request | None = None) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score),
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra),
             session_of(request))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
                    max_new_tokens: int, seed: float | None, compare: bool, weights: str,
                    context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
-                   request: gr.Request | None = None) -> Iterator[tuple]:
+                   context_extra: int = 0, request: gr.Request | None = None
+                   ) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
@@ -420,7 +421,7 @@ class Playground:
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score),
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra),
             session_of(request), from_box=False)
 
     def weights_changed(self, weights: str) -> list[dict]:
@@ -428,7 +429,8 @@ class Playground:
         small trees best: docs/results.md, section 4)."""
         tree = self.engines[weights].default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
-                gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score)]
+                gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score),
+                gr.update(value=tree.context_extra)]
 
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
@@ -562,6 +564,11 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
             "probability is at least this: an unsure draft then costs no verify row (0: always "
             "the full tree)")
+        c["context_extra"] = gr.Slider(
+            0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts past the "
+            "tree", interactive=drafts, elem_id="context-extra", info="with drafts from context: "
+            f"verify up to this many more of its tokens past Draft tokens, each at least "
+            f"{CHAIN_SURE:g} likely (a copied span checked in one step; 0: none)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
@@ -651,13 +658,14 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
         trigger(pg.sidebar_state, *head_io, **quiet)
     draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "context_drafts",
-                                 "min_score", "compare")]
-    c["spec"].change(lambda on: [gr.update(interactive=on)] * 5 + [gr.update(
+                                 "min_score", "context_extra", "compare")]
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * 6 + [gr.update(
         interactive=on, value=False)], c["spec"], draft_only, **quiet)
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
-    c["weights"].change(pg.weights_changed, c["weights"], [*tree_io, c["min_score"]], **quiet)
+    c["weights"].change(pg.weights_changed, c["weights"],
+                        [*tree_io, c["min_score"], c["context_extra"]], **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,

@@ -43,7 +43,8 @@ from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 3  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`
+VERSION = 4  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
+# 4: trees carry their context_extra
 CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
     ("Write a short Python function that reverses a string, and explain it.",
      "Now add a docstring and one test for it."),
@@ -67,22 +68,29 @@ NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds t
 # at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 
-def astuple(tree: TreeParams) -> tuple[int, int, int, float]:
-    """(topk, steps, tokens, min_score): a tree as `CANDIDATES` and the cache hold it."""
-    return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score
+def astuple(tree: TreeParams) -> tuple[int, int, int, float, int]:
+    """(topk, steps, tokens, min_score, context_extra): a tree as `CANDIDATES` and the cache
+    hold it."""
+    return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score, tree.context_extra
 
 
-CANDIDATES = {  # per weights label, (topk, steps, tokens, min_score); the static defaults first
-    "q4": (astuple(Q4_TREE), (2, 1, 3, 0.05), (1, 1, 2, 0.0), (1, 2, 3, 0.05),
-           (2, 2, 4, 0.1), (3, 2, 6, 0.1)),
-    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0), (2, 3, 4, 0.0)),
+def fromtuple(shape: tuple[int, int, int, float, int]) -> TreeParams:
+    k, s, n, cut, extra = shape
+    return TreeParams(k, s, n, min_score=cut, context_extra=extra)
+
+
+CANDIDATES = {  # per weights label, `astuple`s; the static defaults first
+    "q4": (astuple(Q4_TREE), (2, 1, 3, 0.05, 8), (1, 1, 2, 0.0, 8), (1, 2, 3, 0.05, 8),
+           (2, 2, 4, 0.1, 8), (3, 2, 6, 0.1, 8)),
+    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0, 0), (2, 3, 4, 0.0, 0)),
 }
 
 
 def tree_label(tree: TreeParams) -> str:
     """'k2 s2 n3', with ' min0.1' for a min_score and ' +ctx' when the tree takes drafts from
-    the context."""
-    ctx = " +ctx" if tree.context_drafts else ""
+    the context (' +ctx+8' with a context_extra of 8)."""
+    extra = f"+{tree.context_extra}" if tree.context_extra else ""
+    ctx = f" +ctx{extra}" if tree.context_drafts else ""
     cut = f" min{tree.min_score:g}" if tree.min_score else ""
     return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{cut}{ctx}"
 
@@ -95,7 +103,7 @@ class Measured:
     weights: str
     plain_tok_s: float
     tree_tok_s: dict[str, float] = field(default_factory=dict)
-    trees: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
+    trees: dict[str, tuple[int, int, int, float, int]] = field(default_factory=dict)
     incorrect: list[str] = field(default_factory=list)
     chosen: str | None = None
 
@@ -103,8 +111,7 @@ class Measured:
         """The chosen tree, or None when no tree was correct."""
         if self.chosen is None:
             return None
-        k, s, n, cut = self.trees[self.chosen]
-        return TreeParams(k, s, n, min_score=cut)
+        return fromtuple(self.trees[self.chosen])
 
     def best_tok_s(self) -> float:
         """The speed of this weight format: plain decoding's or the chosen tree's."""
@@ -273,7 +280,7 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     if head:  # stage 2: the candidate trees of the fastest format
         engine = next(e for e in engines if e.config.weights_label == order[0])
         family = "q4" if engine.config.weights == "q4" else "dense"
-        trees = [TreeParams(k, s, n, min_score=cut) for k, s, n, cut in CANDIDATES[family]]
+        trees = [fromtuple(shape) for shape in CANDIDATES[family]]
         measured[order[0]] = m = measure(engine, head, trees, conversation_prompts(engine), ROUNDS)
         log.info("  %s trees: %s (plain %.1f tok/s); chosen: %s", order[0], m.tree_tok_s,
                  m.plain_tok_s, m.chosen)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from .config import CONTEXT_DRAFTS, Q4_TREE, WEIGHTS, ConfigError, EngineConfig, TreeParams
+from .config import (CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, WEIGHTS, ConfigError, EngineConfig,
+                     TreeParams)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,11 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
                    help="verify only draft tokens whose path probability is at least this, so "
                    f"--num-draft-tokens becomes a cap (default {TreeParams().min_score:g}, with "
                    f"q4 weights {Q4_TREE.min_score:g}{where})")
+    p.add_argument("--context-extra", type=int, default=None,
+                   help="with context drafts, verify up to this many more of the chain's tokens "
+                   f"past --num-draft-tokens, those at least {CHAIN_SURE:g} likely (default "
+                   f"{TreeParams().context_extra}, with q4 weights {Q4_TREE.context_extra}"
+                   f"{where})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
@@ -58,7 +64,8 @@ def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
                       else args.num_draft_tokens,
                       base.context_drafts if args.context_drafts is None
                       else args.context_drafts,
-                      base.min_score if args.min_score is None else args.min_score)
+                      base.min_score if args.min_score is None else args.min_score,
+                      base.context_extra if args.context_extra is None else args.context_extra)
 
 
 def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:

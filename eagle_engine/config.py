@@ -391,6 +391,12 @@ class SamplingParams:
 # whether trees take drafts from the context by default (measured: docs/results.md,
 # "Drafts from the context")
 CONTEXT_DRAFTS = True
+# how likely a node of the context's chain must be (its calibrated probability) to be verified
+# past the tree's `num_draft_tokens` (`TreeParams.context_extra`). A tree row past the fourth
+# costs ~0.3 of a token's time on the 2-core CPUs (~0.6 ms against ~1.9 ms a token on the
+# AVX-512 EPYC, ~1.8 against ~5.3 on the AVX2 EPYC); chain nodes scored 0.5-0.6 were accepted
+# 0.89 of the time on MT-bench (docs/results.md, section 46)
+CHAIN_SURE = 0.5
 
 
 @dataclass(frozen=True)
@@ -399,6 +405,9 @@ class TreeParams:
     tree nodes including the root. `context_drafts` adds a chain proposed by a suffix match over
     the conversation so far (`context_draft.py`) to the candidates, under the same
     `num_draft_tokens` budget; such a chain may reach deeper than `num_steps` (`max_depth`).
+    `context_extra` lets the chain go on past that budget by up to that many nodes, those at
+    least `CHAIN_SURE` likely (a copied span verified in one step), so a tree verifies at most
+    `max_rows` tokens.
     `min_score` leaves out of the tree every candidate whose path probability (the head's
     calibrated score, or the chain's) is below it, so `num_draft_tokens` becomes a cap and an
     unsure draft costs no verify rows; 0 verifies the full budget every iteration."""
@@ -410,12 +419,16 @@ class TreeParams:
     num_draft_tokens: int = 8
     context_drafts: bool = CONTEXT_DRAFTS
     min_score: float = 0.0
+    context_extra: int = 0
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        extra = self.context_extra
+        if isinstance(extra, bool) or not isinstance(extra, int) or not 0 <= extra <= 64:
+            raise ConfigError(f"context_extra must be an integer in [0, 64], got {extra!r}")
         if not isinstance(self.context_drafts, bool):
             raise ConfigError(f"context_drafts must be true or false, got "
                               f"{self.context_drafts!r}")
@@ -437,12 +450,20 @@ class TreeParams:
         return self.topk + (self.num_steps - 1) * self.topk * self.topk
 
     @property
+    def chain_len(self) -> int:
+        """The longest chain from the context a tree can hold (0 without context drafts)."""
+        return self.num_draft_tokens - 1 + self.context_extra if self.context_drafts else 0
+
+    @property
+    def max_rows(self) -> int:
+        """The most tokens a tree verifies: the root, its budget and a chain past it."""
+        return self.num_draft_tokens + (self.context_extra if self.context_drafts else 0)
+
+    @property
     def max_depth(self) -> int:
         """The deepest node a tree can hold: the head's `num_steps`, or with context drafts a
-        chain that takes the whole budget (`num_draft_tokens - 1` nodes)."""
-        if self.context_drafts:
-            return max(self.num_steps, self.num_draft_tokens - 1)
-        return self.num_steps
+        chain that takes the whole budget and its `context_extra`."""
+        return max(self.num_steps, self.chain_len)
 
 
 # q4 target weights: k3 s1 n4 with a cut of 0.05, one head level of three candidates. A q4 tree
@@ -456,7 +477,7 @@ class TreeParams:
 #   against 1.272x (section 31; before, a row cost more there and k2 s1 n3 won, section 28).
 # The app and `python -m eagle_engine tune` measure the candidates on each machine, k2 s1 n3
 # among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
-Q4_TREE = TreeParams(3, 1, 4, min_score=0.05)
+Q4_TREE = TreeParams(3, 1, 4, min_score=0.05, context_extra=8)
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ class EagleEngine:
             raise ConfigError("the prompt is empty")
         if head is not None and head not in self.heads:
             raise ConfigError(f"unknown draft head {head!r}; loaded: {sorted(self.heads)}")
-        room = self.config.max_len - (tree.num_draft_tokens if tree and head else 1)
+        room = self.config.max_len - (tree.max_rows if tree and head else 1)
         if len(prompt_ids) >= room:
             raise ConfigError(f"prompt has {len(prompt_ids)} tokens but the context window is "
                               f"{self.config.max_len} (room for at most {room - 1} prompt tokens)")
@@ -318,7 +318,7 @@ class Run:
 
     def context_full(self, seq_len: int) -> bool:
         """Whether the next step would write past the context window."""
-        width = self.tree.num_draft_tokens if self.draft_model else 1
+        width = self.tree.max_rows if self.draft_model else 1
         return seq_len + width + (1 if self.draft_model else 0) > self.e.config.max_len
 
     def keep_prefix(self) -> None:
@@ -399,7 +399,7 @@ class Run:
     def tree_input(self, drafted: DraftTree, state: EagleDraftInput) -> EagleVerifyInput:
         """The head's candidates, with the context's chain merged in when there is one, as the
         tree to verify."""
-        ctx = self.context.propose(self.tree.num_draft_tokens - 1) if self.context else None
+        ctx = self.context.propose(self.tree.chain_len) if self.context else None
         return tree_input(drafted, ctx, state.root, state.seq_len, self.tree)
 
     def _iteration(self, state: EagleDraftInput) -> tuple[EagleDraftInput, StepEvent]:

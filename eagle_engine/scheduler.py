@@ -245,7 +245,7 @@ class Scheduler:
     def _start(self, p: _Pending) -> _Active:
         e = self.engine
         n = len(p.prompt)
-        width = p.tree.num_draft_tokens if p.head else 1
+        width = p.tree.max_rows if p.head else 1
         capacity = min(e.config.max_len, n + p.params.max_new_tokens + width + 2)
         run = Run(e, p.prompt, p.params, p.tree, p.head, p.trace,
                   e.target.new_cache(max_len=capacity), eager=True)

@@ -1,7 +1,8 @@
 """Tree phase: merge the context's chain into the drafted candidates (when there is one), rerank
-all candidates to the best `num_draft_tokens - 1` (those scoring at least `min_score`), put the
-root in front and build what verification needs (parents, depth, ancestor mask, retrieve
-indices, each node's source).
+all candidates to the best `num_draft_tokens - 1` (those scoring at least `min_score`), add up to
+`context_extra` more of the chain's nodes that score at least `CHAIN_SURE`, put the root in
+front and build what verification needs (parents, depth, ancestor mask, retrieve indices, each
+node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
 the candidate order) is always selected before its children. `tree_input` runs the whole phase;
 on a CPU with the kernels built it is one C++ call (`kernels/cpu_step.cpp`, the same tree as
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import TreeParams
+from .config import CHAIN_SURE, TreeParams
 from .io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
 from .kernels import build_tree_from_parents, cpu_step
 
@@ -84,6 +85,11 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
     best = order[:tree.num_draft_tokens - 1]
     if tree.min_score > 0:  # a prefix of the ranking: parents stay with their children
         best = best[ranked[:best.numel()] >= tree.min_score]
+    if tree.context_extra and drafted.sources is not None:  # the sure chain past the budget
+        rest = order[best.numel():]
+        sure = ((drafted.sources[rest] != int(NodeSource.HEAD))
+                & (ranked[best.numel():] >= max(CHAIN_SURE, tree.min_score)))
+        best = torch.cat([best, rest[sure][:tree.context_extra]])
     selected = best.sort().values  # [N-1] candidate indices
     parent_cand = drafted.parents[selected]
     parent_node = torch.where(parent_cand < 0, 0,
@@ -115,7 +121,8 @@ def tree_input(drafted: DraftTree, ctx: ContextDraft | None, root: torch.Tensor,
     tokens, parents, depth, ancestors, retrieve, scores, node_sources = cpu.build_tree(
         drafted.scores.contiguous(), drafted.tokens.contiguous(), drafted.parents.contiguous(),
         sources.contiguous(), ctx.tokens if ctx else [], ctx.scores if ctx else [],
-        tree.num_steps, root.reshape(1), tree.num_draft_tokens, tree.min_score, tree.max_depth)
+        tree.num_steps, root.reshape(1), tree.num_draft_tokens, tree.min_score,
+        tree.context_extra, CHAIN_SURE, tree.max_depth)
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
                             retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
                             sources=node_sources)

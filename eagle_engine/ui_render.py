@@ -343,6 +343,7 @@ class Settings:
     weights: str  # `EngineConfig.weights_label` of the target to run
     context_drafts: bool = CONTEXT_DRAFTS  # add the context's suffix-match chain to the tree
     min_score: float = 0.0  # verify only drafts whose path probability reaches this
+    context_extra: int = 0  # the context's chain past num_draft_tokens, where it is sure
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
@@ -352,7 +353,8 @@ class Settings:
             top_p=self.top_p if sampling_on else 1.0,
             seed=int(self.seed) if sampling_on and self.seed is not None else None)
         tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens,
-                          bool(self.context_drafts), float(self.min_score or 0.0))
+                          bool(self.context_drafts), float(self.min_score or 0.0),
+                          int(self.context_extra or 0))
         if not self.spec:
             if self.compare:
                 raise ConfigError("compare needs speculative decoding on: with it off the "

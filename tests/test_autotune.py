@@ -23,8 +23,8 @@ def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
     monkeypatch.setattr(autotune, "FIRST_ANSWER", 8)
-    monkeypatch.setattr(autotune, "CANDIDATES", {"q4": ((2, 2, 3, 0.0), (1, 2, 3, 0.0)),
-                                                 "dense": ((4, 3, 8, 0.0), (2, 2, 4, 0.3))})
+    monkeypatch.setattr(autotune, "CANDIDATES", {"q4": ((2, 2, 3, 0.0, 0), (1, 2, 3, 0.0, 8)),
+                                                 "dense": ((4, 3, 8, 0.0, 0), (2, 2, 4, 0.3, 0))})
 
 
 DENSE = [TreeParams(4, 3, 8), TreeParams(2, 2, 4, min_score=0.3)]  # the candidates above

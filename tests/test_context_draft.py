@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_engine.config import ConfigError, SamplingParams, TreeParams
+from eagle_engine.config import CHAIN_SURE, ConfigError, SamplingParams, TreeParams
 from eagle_engine.context_draft import MAX_MATCH, PRIOR_HIT_RATE, ContextIndex
 from eagle_engine.engine import EagleEngine, GenerationResult
 from eagle_engine.io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
@@ -111,6 +111,18 @@ def test_tree_params_context_flag_and_depth() -> None:
         TreeParams(context_drafts="yes")
 
 
+def test_tree_params_context_extra() -> None:
+    """A chain past the budget: more rows and depth with context drafts, none without."""
+    on = TreeParams(3, 1, 4, context_drafts=True, context_extra=8)
+    assert (on.chain_len, on.max_rows, on.max_depth) == (11, 12, 11)
+    off = replace(on, context_drafts=False)
+    assert (off.chain_len, off.max_rows, off.max_depth) == (0, 4, 1)
+    for bad in (-1, 65, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match=f"context_extra must be an integer in \\[0, 64\\], "
+                           f"got {bad!r}"):
+            TreeParams(context_extra=bad)
+
+
 # ------------------------------------------------------------------------------------ merge
 
 def head_tree() -> DraftTree:
@@ -150,6 +162,34 @@ def test_chain_off_the_head_tree_hangs_from_the_root() -> None:
     low = build_tree(merge_context(head_tree(), ContextDraft([30], [0.01], 1), tree), ROOT,
                      SEQ, tree)
     assert low.tokens.tolist() == [ROOT, 10, 11, 12]  # a weak chain loses to the head
+
+
+def test_sure_chain_goes_past_the_budget() -> None:
+    """context_extra: past the budget's best candidates, up to that many more nodes of the chain
+    that score at least CHAIN_SURE (and min_score), best first, so parents come first; a node
+    of the head alone never goes past the budget."""
+    chain = ContextDraft([30, 31, 32, 33, 34, 35], [0.95, 0.9, 0.8, 0.7, 0.6, 0.4], 8)
+
+    def tokens(n: int, extra: int, cut: float = 0.0) -> list[int]:
+        tree = TreeParams(2, 2, n, context_drafts=True, min_score=cut, context_extra=extra)
+        vin = build_tree(merge_context(head_tree(), chain, tree), ROOT, SEQ, tree)
+        assert vin.tokens.numel() <= tree.max_rows
+        assert vin.depth.tolist() == list(range(vin.tokens.numel()))  # one chain
+        return vin.tokens.tolist()[1:]
+
+    assert CHAIN_SURE == 0.5
+    assert tokens(3, 0) == [30, 31]
+    assert tokens(3, 3) == [30, 31, 32, 33, 34]  # a (0.6, the head's) stays out; 35 is unsure
+    assert tokens(3, 2) == [30, 31, 32, 33]
+    assert tokens(3, 8, cut=0.75) == [30, 31, 32]  # past the budget the cut holds too
+    # a chain along the head's a -> aa: both shared (BOTH), the rest hangs below aa
+    tree = TreeParams(2, 2, 3, context_drafts=True, context_extra=4)
+    merged = merge_context(head_tree(), ContextDraft([10, 12, 40, 41, 42], [0.9, 0.8, 0.7, 0.65,
+                                                                           0.45], 8), tree)
+    vin = build_tree(merged, ROOT, SEQ, tree)
+    assert vin.tokens.tolist() == [ROOT, 10, 12, 40, 41]
+    assert vin.parents.tolist() == [-1, 0, 1, 2, 3]
+    assert vin.sources.tolist() == [0, 2, 2, 1, 1]
 
 
 def test_head_probability_stays_when_it_is_higher() -> None:
@@ -212,13 +252,17 @@ def assert_best_candidates(merged: DraftTree, vin: EagleVerifyInput) -> None:
         assert int(vin.sources[i]) == int(merged.sources[c])
 
 
-def test_merge_and_build_read_nothing_back() -> None:
-    tree = TreeParams(2, 2, 6, context_drafts=True)
+@pytest.mark.parametrize("extra", [0, 3])
+def test_merge_and_build_read_nothing_back(extra: int) -> None:
+    """Nothing, except that a chain past the budget sizes the tree by what it holds: one
+    data-dependent shape (as a min_score cut is)."""
+    tree = TreeParams(2, 2, 6, context_drafts=True, context_extra=extra)
     drafted, root = head_tree(), torch.tensor([ROOT])
     with torch.inference_mode(), HostSyncs() as syncs:
-        build_tree(merge_context(drafted, ContextDraft([10, 13, 20], [0.9, 0.8, 0.7], 3), tree),
+        build_tree(merge_context(drafted, ContextDraft([10, 13, 20, 21, 22], [0.9, 0.8, 0.7, 0.6,
+                                                                              0.5], 3), tree),
                    root, SEQ, tree)
-    assert syncs.total == 0, syncs.kinds
+    assert dict(syncs.kinds) == ({"data-dependent shape": 1} if extra else {}), syncs.kinds
 
 
 # --------------------------------------------------------------------- the loop, lossless
@@ -275,17 +319,38 @@ def test_repetition_is_drafted_from_the_context_and_accepted(engine: EagleEngine
     assert len(on.stats.accepted_per_depth) > shape[1]  # grown past num_steps
 
 
-def test_caches_stay_exact_with_context_drafts(engine: EagleEngine, baseline: dict,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """An oracle head (right at each level with probability 0.6) with context chains merged in:
-    accepted paths mix both sources and reach past num_steps; after every commit both caches
-    equal a fresh prefill."""
+def test_sure_chains_past_the_budget_are_accepted_losslessly(engine: EagleEngine) -> None:
+    """With context_extra, a sure chain on the repetitive prompt is verified past the tree's
+    num_draft_tokens and accepted there (an iteration emits more tokens than the budget holds),
+    tau rises, and the answer stays plain decoding's. (Long enough for the hit rates to learn
+    that the chain is right: their priors put a third node below CHAIN_SURE.)"""
+    tree, params = TreeParams(2, 1, 3, context_drafts=True), replace(GREEDY, max_new_tokens=96)
+    within = engine.generate(REPEAT, params, tree, "aux", keep_events=True)
+    past = engine.generate(REPEAT, params, replace(tree, context_extra=8), "aux",
+                           keep_events=True)
+    assert past.token_ids == within.token_ids == engine.generate(REPEAT, params).token_ids
+    assert max(step_lengths(within)) <= tree.num_draft_tokens
+    assert max(step_lengths(past)) > tree.num_draft_tokens
+    assert past.stats.tau > within.stats.tau + 0.5
+    assert max(len(ev.tree) for ev in past.events) > tree.num_draft_tokens
+
+
+@pytest.mark.parametrize("extra", [0, 6])
+def test_caches_stay_exact_with_context_drafts(engine: EagleEngine,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               extra: int) -> None:
+    """An oracle head (right at each level with probability 0.6) with context chains merged in,
+    also past the budget: accepted paths mix both sources and reach past num_steps; after every
+    commit both caches equal a fresh prefill. (Long enough for a chain to be sure.)"""
+    params = replace(GREEDY, max_new_tokens=64)
+    plain = engine.generate(REPEAT, params).token_ids
     oracle = Oracle(engine, REPEAT, accuracy=0.6, seed=2).install(monkeypatch)
-    tree = TreeParams(2, 2, 7, context_drafts=True)
-    result = engine.generate(REPEAT, GREEDY, tree, "aux", keep_events=True)
-    assert result.token_ids == baseline[tuple(REPEAT)]
+    tree = TreeParams(2, 2, 7, context_drafts=True, context_extra=extra)
+    result = engine.generate(REPEAT, params, tree, "aux", keep_events=True)
+    assert result.token_ids == plain
     assert oracle.checks == len(step_lengths(result)) and max(step_lengths(result)) > 3
     assert context_tokens(result) > 0
+    assert (max(len(ev.tree) for ev in result.events) > tree.num_draft_tokens) == (extra > 0)
 
 
 def test_sampling_with_top_k_1_is_greedy_with_context_drafts(engine: EagleEngine,
@@ -306,10 +371,11 @@ def test_q4_greedy_parity_with_context_drafts(tmp_path: Path) -> None:
     used = 0
     for ids in (PROMPTS[0], REPEAT):
         base = engine.generate(ids, params).token_ids
-        for shape in ((1, 1, 2), (2, 2, 3), (4, 3, 8), (1, 3, 4)):
-            tree = TreeParams(*shape, context_drafts=True)
+        for tree in (TreeParams(1, 1, 2, True), TreeParams(2, 2, 3, True),
+                     TreeParams(4, 3, 8, True), TreeParams(1, 3, 4, True),
+                     TreeParams(3, 1, 4, True, min_score=0.05, context_extra=8)):
             result = engine.generate(ids, params, tree, "head", keep_events=True)
-            assert result.token_ids == base, (ids, shape)
+            assert result.token_ids == base, (ids, tree)
             used += context_tokens(result)
             off = engine.generate(ids, params, replace(tree, context_drafts=False), "head")
             assert off.token_ids == base

@@ -265,10 +265,11 @@ def test_build_tree_equals_merge_then_build(cpu, monkeypatch: pytest.MonkeyPatch
     ctx = _chain(g, drafted, ["none", "random", "along the head"][seed % 3])
     n = int(torch.randint(2, drafted.tokens.numel() + 2, (), generator=g))  # up to capacity
     # thresholds on the scores' grid of quarters (ties at the cut) and between it
-    tree = TreeParams(K, S, n, min_score=[0.0, 0.25, 0.1, 0.5625][seed // 6])
+    tree = TreeParams(K, S, n, min_score=[0.0, 0.25, 0.1, 0.5625][seed // 6],
+                      context_extra=[0, 2, 5][seed // 3 % 3])
     root = torch.tensor([11])
     got = tree_input(drafted, ctx, root, 7, tree)
-    assert bool((got.scores[1:] >= tree.min_score).all())
+    assert bool((got.scores[1:] >= tree.min_score).all()) and got.tokens.numel() <= tree.max_rows
     monkeypatch.setattr(cpu_lowbit, "built", lambda: None)
     want = tree_input(drafted, ctx, root, 7, tree)
     for field in ("tokens", "parents", "depth", "ancestors", "retrieve_indices", "scores",

@@ -168,8 +168,9 @@ std::vector<at::Tensor> tree_from_parents(const at::Tensor& parents, int64_t max
 // head's candidates scores [C] float32, tokens, parents (-1: a child of the root; parents
 // precede children), sources [C] int64 (or empty: all the head's); the context's chain
 // chain_tokens / chain_scores [L] (L may be 0); the head's depth S = num_steps; the root's token
-// [1] (read here: Python reads no scalar, as on a GPU); the tree's size, its min_score (0: none)
-// and max_depth ->
+// [1] (read here: Python reads no scalar, as on a GPU); the tree's size, its min_score (0: none),
+// its context_extra with the score a chain node needs past the budget (CHAIN_SURE), and
+// max_depth ->
 // {tokens, parents, depth, ancestors, retrieve, scores, sources} of the selected tree, root
 // first (`EagleVerifyInput`).
 std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& tokens,
@@ -177,7 +178,8 @@ std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& t
                                       const std::vector<int64_t>& chain_tokens,
                                       const std::vector<double>& chain_scores, int64_t num_steps,
                                       const at::Tensor& root, int64_t num_draft_tokens,
-                                      double min_score, int64_t max_depth) {
+                                      double min_score, int64_t context_extra, double chain_sure,
+                                      int64_t max_depth) {
   const int64_t C = tokens.numel(), L = chain_tokens.size();
   TORCH_CHECK(scores.dim() == 1 && scores.size(0) == C && scores.scalar_type() == at::kFloat &&
                   scores.is_contiguous(),
@@ -233,6 +235,12 @@ std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& t
   if (min_score > 0)  // compared in float32, as the torch reference compares
     while (n > 0 && !(sc[order[n - 1]] >= float(min_score))) --n;
   std::vector<int64_t> selected(order.begin(), order.begin() + n);
+  // past the budget, the first context_extra of the rest that came from the context and score
+  // at least chain_sure (and min_score), in ranking order: a parent comes before its child
+  const float sure = float(std::max(chain_sure, min_score));
+  for (int64_t i = n, extra = 0; i < total && extra < context_extra; ++i)
+    if (src[order[i]] > 0 && sc[order[i]] >= sure) selected.push_back(order[i]), ++extra;
+  n = selected.size();
   std::sort(selected.begin(), selected.end());
   const int64_t N = n + 1;
   auto out_tokens = at::empty({N}, at::kLong), out_parents = at::empty({N}, at::kLong);
