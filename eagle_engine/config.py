@@ -477,6 +477,9 @@ class TreeParams:
 #   against 1.272x (section 31; before, a row cost more there and k2 s1 n3 won, section 28).
 # The app and `python -m eagle_engine tune` measure the candidates on each machine, k2 s1 n3
 # among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
+# Up to 8 more nodes of the context's chain past the budget, each at least `CHAIN_SURE` likely:
+# on the AVX-512 EPYC, full MT-bench, tau 2.462 against 2.277 and 1.9% faster (7591bf7, section
+# 46 of docs/results.md); a longer limit (16) verified as much.
 Q4_TREE = TreeParams(3, 1, 4, min_score=0.05, context_extra=8)
 
 
