@@ -285,7 +285,7 @@ def test_engine_q4_greedy_speculative_equals_baseline(tmp_path: Path) -> None:
     assert default.token_ids == base
     trees = [ev.tree for ev in default.events if ev.tree]  # the config's cut applies
     want = engine.config.default_tree  # this CPU's static q4 tree
-    assert max(map(len, trees)) <= want.num_draft_tokens
+    assert max(map(len, trees)) <= want.max_rows
     assert all(node.score >= want.min_score for tree in trees for node in tree)
 
 
