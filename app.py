@@ -566,9 +566,9 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             "the full tree)")
         c["context_extra"] = gr.Slider(
             0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts past the "
-            "tree", interactive=drafts, elem_id="context-extra", info="with drafts from context: "
-            f"verify up to this many more of its tokens past Draft tokens, each at least "
-            f"{CHAIN_SURE:g} likely (a copied span checked in one step; 0: none)")
+            "tree", interactive=drafts, elem_id="context-extra", info="verify up to this many "
+            f"more drafts from context past Draft tokens, each at least {CHAIN_SURE:g} likely "
+            "(0: none)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
