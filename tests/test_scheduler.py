@@ -104,6 +104,23 @@ def test_trees_with_a_min_score_batch_like_solo(engine: EagleEngine) -> None:
         assert root_only["step_tokens"] == root_only["num_steps"]  # one token a step
 
 
+def test_sure_context_chains_past_the_tree_batch_like_solo(engine: EagleEngine) -> None:
+    """Trees whose context chain goes past the budget (context_extra) on a repetitive prompt,
+    batched with a tree without it and plain decoding, greedy and sampled: each request gets
+    its solo tokens, and some verified tree is larger than its num_draft_tokens."""
+    repeat = [1] + [10, 11, 12, 13, 14, 15, 16, 17] * 4
+    trees = [TreeParams(2, 1, 3, context_extra=8), TreeParams(3, 2, 5, min_score=0.05,
+                                                              context_extra=4),
+             TreeParams(2, 3, 6), None]
+    for params in ({}, {"temperature": 0.9, "seed": 3}):
+        requests = [(repeat[i:], SamplingParams(max_new_tokens=64, ignore_eos=True, **params),
+                     tree, tree and "aux") for i, tree in enumerate(trees)]
+        events, _ = run_all(engine, requests, 4)
+        assert [tokens(e) for e in events] == solo(engine, requests)
+        if not params:
+            assert max(len(ev.tree) for ev in events[0]) > trees[0].num_draft_tokens
+
+
 def test_stop_string_mid_batch(engine: EagleEngine) -> None:
     """A request ends on a stop string inside an accepted run while the rest go on; its text
     is its solo text."""
