@@ -86,9 +86,9 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
     if tree.min_score > 0:  # a prefix of the ranking: parents stay with their children
         best = best[ranked[:best.numel()] >= tree.min_score]
     if tree.context_extra and drafted.sources is not None:  # the sure chain past the budget
-        rest = order[best.numel():]
+        rest = order[best.numel():]  # [R] the other candidates, best first
         sure = ((drafted.sources[rest] != int(NodeSource.HEAD))
-                & (ranked[best.numel():] >= max(CHAIN_SURE, tree.min_score)))
+                & (ranked[best.numel():] >= max(CHAIN_SURE, tree.min_score)))  # [R]
         best = torch.cat([best, rest[sure][:tree.context_extra]])
     selected = best.sort().values  # [N-1] candidate indices
     parent_cand = drafted.parents[selected]
