@@ -394,9 +394,10 @@ CONTEXT_DRAFTS = True
 # how likely a node of the context's chain must be (its calibrated probability) to be verified
 # past the tree's `num_draft_tokens` (`TreeParams.context_extra`). A tree row past the fourth
 # costs ~0.3 of a token's time on the 2-core CPUs (~0.6 ms against ~1.9 ms a token on the
-# AVX-512 EPYC, ~1.8 against ~5.3 on the AVX2 EPYC); chain nodes scored 0.5-0.6 were accepted
-# 0.89 of the time on MT-bench (docs/results.md, section 46)
-CHAIN_SURE = 0.5
+# AVX-512 EPYC, ~1.8 against ~5.3 on the AVX2 EPYC); such chain nodes scored 0.3-0.4 were
+# accepted 0.69 of the time on MT-bench. Thresholds of 0.2-0.5 ran at the same speed there, with
+# tau 2.577-2.462; 0.3 keeps a margin where rows cost more (docs/results.md, section 46)
+CHAIN_SURE = 0.3
 
 
 @dataclass(frozen=True)
@@ -478,8 +479,8 @@ class TreeParams:
 # The app and `python -m eagle_engine tune` measure the candidates on each machine, k2 s1 n3
 # among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
 # Up to 8 more nodes of the context's chain past the budget, each at least `CHAIN_SURE` likely:
-# on the AVX-512 EPYC, full MT-bench, tau 2.462 against 2.277 and 1.9% faster (7591bf7, section
-# 46 of docs/results.md); a longer limit (16) verified as much.
+# on the AVX-512 EPYC, full MT-bench, tau 2.535 against 2.277 and 2.1% faster (section 46 of
+# docs/results.md); a longer limit (16) verified as much.
 Q4_TREE = TreeParams(3, 1, 4, min_score=0.05, context_extra=8)
 
 

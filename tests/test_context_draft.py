@@ -168,7 +168,7 @@ def test_sure_chain_goes_past_the_budget() -> None:
     """context_extra: past the budget's best candidates, up to that many more nodes of the chain
     that score at least CHAIN_SURE (and min_score), best first, so parents come first; a node
     of the head alone never goes past the budget."""
-    chain = ContextDraft([30, 31, 32, 33, 34, 35], [0.95, 0.9, 0.8, 0.7, 0.6, 0.4], 8)
+    chain = ContextDraft([30, 31, 32, 33, 34, 35], [0.95, 0.9, 0.8, 0.7, 0.6, 0.25], 8)
 
     def tokens(n: int, extra: int, cut: float = 0.0) -> list[int]:
         tree = TreeParams(2, 2, n, context_drafts=True, min_score=cut, context_extra=extra)
@@ -177,7 +177,7 @@ def test_sure_chain_goes_past_the_budget() -> None:
         assert vin.depth.tolist() == list(range(vin.tokens.numel()))  # one chain
         return vin.tokens.tolist()[1:]
 
-    assert CHAIN_SURE == 0.5
+    assert CHAIN_SURE == 0.3
     assert tokens(3, 0) == [30, 31]
     assert tokens(3, 3) == [30, 31, 32, 33, 34]  # a (0.6, the head's) stays out; 35 is unsure
     assert tokens(3, 2) == [30, 31, 32, 33]
@@ -185,7 +185,7 @@ def test_sure_chain_goes_past_the_budget() -> None:
     # a chain along the head's a -> aa: both shared (BOTH), the rest hangs below aa
     tree = TreeParams(2, 2, 3, context_drafts=True, context_extra=4)
     merged = merge_context(head_tree(), ContextDraft([10, 12, 40, 41, 42], [0.9, 0.8, 0.7, 0.65,
-                                                                           0.45], 8), tree)
+                                                                           0.25], 8), tree)
     vin = build_tree(merged, ROOT, SEQ, tree)
     assert vin.tokens.tolist() == [ROOT, 10, 12, 40, 41]
     assert vin.parents.tolist() == [-1, 0, 1, 2, 3]
