@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .config import (CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams,
+from .config import (CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams,
                      cache_root, cpu_flags, cpu_model)
 from .engine import head_source
 from .kernels.cpu_lowbit import source_digest
@@ -164,7 +164,7 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
                       cpu_flags(), source_digest(),
                       config.target, config.device, head_digest(head), torch.get_num_threads(),
                       CANDIDATES, CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z,
-                      CONTEXT_DRAFTS])
+                      CONTEXT_DRAFTS, CHAIN_SURE])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
