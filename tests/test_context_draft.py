@@ -8,6 +8,8 @@
   tokens, a node both sources proposed is one node with the higher probability (source BOTH),
   the chain may reach deeper than num_steps, the top-scored nodes of both sources are selected,
   and nothing is read back from the device.
+* A sure chain past the budget (`context_extra`): only the chain's nodes scoring at least
+  CHAIN_SURE (and min_score), best first, at most context_extra of them.
 * Losslessness with context drafts on: greedy speculative output equals greedy plain decoding
   (fp32 and q4, several tree shapes and heads), on a repetitive prompt where context drafts are
   accepted (asserted), caches exact after every commit; sampling with top_k=1 is greedy.
@@ -323,7 +325,7 @@ def test_sure_chains_past_the_budget_are_accepted_losslessly(engine: EagleEngine
     """With context_extra, a sure chain on the repetitive prompt is verified past the tree's
     num_draft_tokens and accepted there (an iteration emits more tokens than the budget holds),
     tau rises, and the answer stays plain decoding's. (Long enough for the hit rates to learn
-    that the chain is right: their priors put a third node below CHAIN_SURE.)"""
+    that the chain is right: their priors keep a chain's deeper nodes below CHAIN_SURE.)"""
     tree, params = TreeParams(2, 1, 3, context_drafts=True), replace(GREEDY, max_new_tokens=96)
     within = engine.generate(REPEAT, params, tree, "aux", keep_events=True)
     past = engine.generate(REPEAT, params, replace(tree, context_extra=8), "aux",
