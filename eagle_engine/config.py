@@ -457,8 +457,8 @@ class TreeParams:
 
     @property
     def max_rows(self) -> int:
-        """The most tokens a tree verifies: the root, its budget and a chain past it."""
-        return self.num_draft_tokens + (self.context_extra if self.context_drafts else 0)
+        """The most tokens a tree verifies: its budget, or the root and the longest chain."""
+        return max(self.num_draft_tokens, 1 + self.chain_len)
 
     @property
     def max_depth(self) -> int:
