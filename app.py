@@ -401,19 +401,20 @@ class Playground:
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
              max_new_tokens: int, seed: float | None, compare: bool, weights: str,
              context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
-             context_extra: int = 0, request: gr.Request | None = None) -> Iterator[tuple]:
+             context_extra: int = 0, step_cut: float = 0.0,
+             request: gr.Request | None = None) -> Iterator[tuple]:
         """Answer `prompt` after the session's chat history; streams one frame per step."""
         yield from self.run(history, prompt, ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra),
-            session_of(request))
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
+            step_cut), session_of(request))
 
     def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
                    num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
                    max_new_tokens: int, seed: float | None, compare: bool, weights: str,
                    context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
-                   context_extra: int = 0, request: gr.Request | None = None
-                   ) -> Iterator[tuple]:
+                   context_extra: int = 0, step_cut: float = 0.0,
+                   request: gr.Request | None = None) -> Iterator[tuple]:
         """Answer the last message again with the current settings."""
         if not history:
             gr.Warning("Nothing to regenerate yet: send a message first.")
@@ -421,8 +422,8 @@ class Playground:
             return
         yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
             spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
-            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra),
-            session_of(request), from_box=False)
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
+            step_cut), session_of(request), from_box=False)
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
@@ -430,7 +431,7 @@ class Playground:
         tree = self.engines[weights].default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
                 gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score),
-                gr.update(value=tree.context_extra)]
+                gr.update(value=tree.context_extra), gr.update(value=tree.step_cut)]
 
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
@@ -569,6 +570,11 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
             "tree", interactive=drafts, elem_id="context-extra", info="verify up to this many "
             f"more drafts from context past Draft tokens, each at least {CHAIN_SURE:g} likely "
             "(0: none)")
+        c["step_cut"] = gr.Slider(
+            0, 0.9, tree.step_cut, step=0.05, label="Min path probability for a deeper draft "
+            "step", interactive=drafts, elem_id="step-cut", info="run the head's draft steps "
+            "past the first only while its best draft so far is at least this likely: a deeper "
+            "step then runs where it can pay (0: every step)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
@@ -658,14 +664,14 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     for trigger in (c["spec"].change, c["aux"].change, c["layers"].change, demo.load):
         trigger(pg.sidebar_state, *head_io, **quiet)
     draft_only = [c[n] for n in ("topk", "num_steps", "num_draft_tokens", "context_drafts",
-                                 "min_score", "context_extra", "compare")]
-    c["spec"].change(lambda on: [gr.update(interactive=on)] * 6 + [gr.update(
+                                 "min_score", "context_extra", "step_cut", "compare")]
+    c["spec"].change(lambda on: [gr.update(interactive=on)] * 7 + [gr.update(
         interactive=on, value=False)], c["spec"], draft_only, **quiet)
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
     c["weights"].change(pg.weights_changed, c["weights"],
-                        [*tree_io, c["min_score"], c["context_extra"]], **quiet)
+                        [*tree_io, c["min_score"], c["context_extra"], c["step_cut"]], **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,

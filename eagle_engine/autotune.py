@@ -43,8 +43,8 @@ from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 4  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
-# 4: trees carry their context_extra
+VERSION = 5  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
+# 4: trees carry their context_extra; 5: and their step_cut
 CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
     ("Write a short Python function that reverses a string, and explain it.",
      "Now add a docstring and one test for it."),
@@ -68,31 +68,36 @@ NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds t
 # at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 
-def astuple(tree: TreeParams) -> tuple[int, int, int, float, int]:
-    """(topk, steps, tokens, min_score, context_extra): a tree as `CANDIDATES` and the cache
-    hold it."""
-    return tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score, tree.context_extra
+Shape = tuple[int, int, int, float, int, float]
 
 
-def fromtuple(shape: tuple[int, int, int, float, int]) -> TreeParams:
-    k, s, n, cut, extra = shape
-    return TreeParams(k, s, n, min_score=cut, context_extra=extra)
+def astuple(tree: TreeParams) -> Shape:
+    """(topk, steps, tokens, min_score, context_extra, step_cut): a tree as `CANDIDATES` and
+    the cache hold it."""
+    return (tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score,
+            tree.context_extra, tree.step_cut)
+
+
+def fromtuple(shape: Shape) -> TreeParams:
+    k, s, n, cut, extra, step_cut = shape
+    return TreeParams(k, s, n, min_score=cut, context_extra=extra, step_cut=step_cut)
 
 
 CANDIDATES = {  # per weights label, `astuple`s; the static defaults first
-    "q4": (astuple(Q4_TREE), (2, 1, 3, 0.05, 8), (1, 1, 2, 0.0, 8), (1, 2, 3, 0.05, 8),
-           (2, 2, 4, 0.1, 8), (3, 2, 6, 0.1, 8)),
-    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0, 0), (2, 3, 4, 0.0, 0)),
+    "q4": (astuple(Q4_TREE), (3, 1, 4, 0.05, 8, 0.0), (2, 1, 3, 0.05, 8, 0.0),
+           (1, 1, 2, 0.0, 8, 0.0), (2, 2, 5, 0.1, 8, 0.5), (3, 2, 6, 0.1, 8, 0.5)),
+    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0, 0, 0.0), (2, 3, 4, 0.0, 0, 0.0)),
 }
 
 
 def tree_label(tree: TreeParams) -> str:
-    """'k2 s2 n3', with ' min0.1' for a min_score and ' +ctx' when the tree takes drafts from
-    the context (' +ctx+8' with a context_extra of 8)."""
+    """'k2 s2 n3', with ' min0.1' for a min_score, ' step0.5' for a step_cut and ' +ctx' when
+    the tree takes drafts from the context (' +ctx+8' with a context_extra of 8)."""
     extra = f"+{tree.context_extra}" if tree.context_extra else ""
     ctx = f" +ctx{extra}" if tree.context_drafts else ""
     cut = f" min{tree.min_score:g}" if tree.min_score else ""
-    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{cut}{ctx}"
+    step = f" step{tree.step_cut:g}" if tree.step_cut else ""
+    return f"k{tree.topk} s{tree.num_steps} n{tree.num_draft_tokens}{cut}{step}{ctx}"
 
 
 @dataclass
@@ -103,7 +108,7 @@ class Measured:
     weights: str
     plain_tok_s: float
     tree_tok_s: dict[str, float] = field(default_factory=dict)
-    trees: dict[str, tuple[int, int, int, float, int]] = field(default_factory=dict)
+    trees: dict[str, Shape] = field(default_factory=dict)
     incorrect: list[str] = field(default_factory=list)
     chosen: str | None = None
 

@@ -1,8 +1,8 @@
 """The phases of an EAGLE-3 iteration, and a plain decode step, over several requests at once.
 
     draft_many   `draft.draft` for the requests of one head: each level is one draft forward
-                 over every request's frontier rows (a request with fewer steps drops out),
-                 expanded per request by `draft.expand`
+                 over every request's frontier rows (a request with fewer steps, or whose
+                 `step_cut` stops it, drops out), expanded per request by `draft.expand`
     target_many  one target forward over every request's rows: an EAGLE-3 request's tree
                  (`tree_rows`: its ancestor mask, depth positions, rows from its committed
                  length) or a plain request's next token (`decode_rows`), each on its own cache
@@ -21,7 +21,7 @@ import torch
 
 from .accept import draft_input_after, extend
 from .config import TreeParams
-from .draft import Frontier, draft, expand, join, top_children
+from .draft import Frontier, draft, expand, goes_on, join, top_children
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kv_cache import KVCache, causal_mask, tree_mask
 from .models.batched import SeqRows, draft_forward, target_forward
@@ -43,8 +43,11 @@ def draft_many(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[K
         fronts.append(front)
         levels.append([first])
         prefixes.append(torch.ones(K, inp.seq_len, dtype=torch.bool, device=inp.hidden.device))
+    live = list(range(len(trees)))
     for step in range(max(t.num_steps for t in trees) - 1):
-        live = [i for i, t in enumerate(trees) if step < t.num_steps - 1]
+        live = [i for i in live if step < trees[i].num_steps - 1 and goes_on(fronts[i], trees[i])]
+        if not live:
+            break
         rows = []
         for i in live:
             K, seq, front = trees[i].topk, states[i].seq_len, fronts[i]

@@ -81,14 +81,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-SWEEP_FORMAT = "'topk,steps,tokens[,min_score[,context_extra]][,ctx|noctx];...'"
+SWEEP_FORMAT = "'topk,steps,tokens[,min_score[,context_extra[,step_cut]]][,ctx|noctx];...'"
 
 
 def parse_sweep(text: str, context_drafts: bool = CONTEXT_DRAFTS) -> list[TreeParams]:
-    """'4,3,8;2,1,3,0.1;2,1,3,0.1,8;2,1,3,0.1,noctx' -> trees (a fourth number is the tree's
-    min_score, a fifth its context_extra, else 0; a last `ctx` or `noctx` turns its drafts from
-    the context on or off, else `context_drafts`), so one run can compare a tree with and
-    without them."""
+    """'4,3,8;2,1,3,0.1;2,1,3,0.1,8;3,2,5,0.1,8,0.5;2,1,3,0.1,noctx' -> trees (a fourth number
+    is the tree's min_score, a fifth its context_extra, a sixth its step_cut, else 0; a last
+    `ctx` or `noctx` turns its drafts from the context on or off, else `context_drafts`), so
+    one run can compare a tree with and without them."""
     try:
         trees = []
         for part in text.split(";"):
@@ -96,12 +96,13 @@ def parse_sweep(text: str, context_drafts: bool = CONTEXT_DRAFTS) -> list[TreePa
             ctx = context_drafts
             if shape[-1].strip() in ("ctx", "noctx"):
                 ctx = shape.pop().strip() == "ctx"
-            if len(shape) not in (3, 4, 5):
+            if len(shape) not in (3, 4, 5, 6):
                 raise ValueError(f"{part!r} has {len(shape)} numbers")
             score = float(shape[3]) if len(shape) >= 4 else 0.0
-            extra = int(shape[4]) if len(shape) == 5 else 0
+            extra = int(shape[4]) if len(shape) >= 5 else 0
+            cut = float(shape[5]) if len(shape) == 6 else 0.0
             trees.append(TreeParams(*(int(x) for x in shape[:3]), min_score=score,
-                                    context_drafts=ctx, context_extra=extra))
+                                    context_drafts=ctx, context_extra=extra, step_cut=cut))
         return trees
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--sweep expects {SWEEP_FORMAT}, got {text!r} ({e})") from e

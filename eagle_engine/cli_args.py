@@ -53,6 +53,10 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
                    f"past --num-draft-tokens, those at least {CHAIN_SURE:g} likely (default "
                    f"{TreeParams().context_extra}, with q4 weights {Q4_TREE.context_extra}"
                    f"{where})")
+    p.add_argument("--step-cut", type=float, default=None,
+                   help="run the head's draft steps past the first only while the best path so "
+                   f"far is at least this likely (default {TreeParams().step_cut:g}: every "
+                   f"step; with q4 weights {Q4_TREE.step_cut:g}{where})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
@@ -65,7 +69,8 @@ def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
                       base.context_drafts if args.context_drafts is None
                       else args.context_drafts,
                       base.min_score if args.min_score is None else args.min_score,
-                      base.context_extra if args.context_extra is None else args.context_extra)
+                      base.context_extra if args.context_extra is None else args.context_extra,
+                      base.step_cut if args.step_cut is None else args.step_cut)
 
 
 def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineConfig:

@@ -411,7 +411,11 @@ class TreeParams:
     `max_rows` tokens.
     `min_score` leaves out of the tree every candidate whose path probability (the head's
     calibrated score, or the chain's) is below it, so `num_draft_tokens` becomes a cap and an
-    unsure draft costs no verify rows; 0 verifies the full budget every iteration."""
+    unsure draft costs no verify rows; 0 verifies the full budget every iteration.
+    `step_cut` skips the head's draft steps past the first once the best path so far is less
+    likely than it: every node such a step adds scores below that path, so it seldom earns a
+    row, and the step's time is saved; 0 runs all `num_steps` every iteration. On a GPU the
+    check reads the scores back to the host, and such a tree drafts without its CUDA graph."""
 
     # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
     # (docs/results.md, section 4)
@@ -421,6 +425,7 @@ class TreeParams:
     context_drafts: bool = CONTEXT_DRAFTS
     min_score: float = 0.0
     context_extra: int = 0
+    step_cut: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("topk", "num_steps", "num_draft_tokens"):
@@ -433,9 +438,11 @@ class TreeParams:
         if not isinstance(self.context_drafts, bool):
             raise ConfigError(f"context_drafts must be true or false, got "
                               f"{self.context_drafts!r}")
-        score = self.min_score
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score < 1:
-            raise ConfigError(f"min_score must be a number in [0, 1), got {score!r}")
+        for name in ("min_score", "step_cut"):
+            score = getattr(self, name)
+            if (isinstance(score, bool) or not isinstance(score, (int, float))
+                    or not 0 <= score < 1):
+                raise ConfigError(f"{name} must be a number in [0, 1), got {score!r}")
         if self.num_draft_tokens < 2:
             raise ConfigError(f"num_draft_tokens must be >= 2 (root + one draft), "
                               f"got {self.num_draft_tokens}")
@@ -467,21 +474,20 @@ class TreeParams:
         return max(self.num_steps, self.chain_len)
 
 
-# q4 target weights: k3 s1 n4 with a cut of 0.05, one head level of three candidates. A q4 tree
-# row costs a fifth to a third of a one-token step on a 2-core CPU, so a second head step does
-# not pay; the cut leaves out drafts that are nearly hopeless (section 20 of docs/results.md);
-# the fourth node costs no head step and lets the context's chain reach depth 3. Default head of
-# 28720a6, full MT-bench, against k2 s1 n3 with the same cut:
-# - an AMX Xeon (VNNI products): tau 2.245, 1.093x plain decoding, against 2.010 and 1.057x
-#   (section 27);
-# - an AVX2 EPYC, since its products keep their integer sums in order (d94468c): 1.310x
-#   against 1.272x (section 31; before, a row cost more there and k2 s1 n3 won, section 28).
-# The app and `python -m eagle_engine tune` measure the candidates on each machine, k2 s1 n3
-# among them, and keep this default unless another is faster beyond the noise (`autotune.py`).
-# Up to 8 more nodes of the context's chain past the budget, each at least `CHAIN_SURE` likely:
-# on the AVX-512 EPYC, full MT-bench, tau 2.535 against 2.277 and 2.1% faster (section 46 of
-# docs/results.md); a longer limit (16) verified as much.
-Q4_TREE = TreeParams(3, 1, 4, min_score=0.05, context_extra=8)
+# q4 target weights: k3 s2 n5 with a cut of 0.1, a sure chain from the context past the budget
+# and a step cut of 0.5. A q4 tree row costs a fifth to a third of a one-token step on a 2-core
+# CPU and the head's second step about a seventh, so a second step pays only where the head is
+# sure of its first draft: the step cut runs it in about half the steps. The cut leaves out
+# drafts that are nearly hopeless (section 20 of docs/results.md). Up to 8 more nodes of the
+# context's chain past the budget, each at least `CHAIN_SURE` likely (section 46).
+# Default head of 28720a6, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
+# 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), 0.3-1.4% faster in
+# four runs. Before the step cut, two-step trees ran 1-3% behind k3 s1 n4 on every class
+# (sections 33, 45, 46). Not measured on the AVX2 EPYC, where the head's step costs a little
+# more of a token (section 32). The app and `python -m eagle_engine tune` measure the candidates
+# on each machine, k3 s1 n4 among them, and keep this default unless another is faster beyond
+# the noise (`autotune.py`).
+Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
 
 
 @dataclass(frozen=True)

@@ -390,7 +390,9 @@ class GraphPhases:
 
     def draft(self, model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
               tree: TreeParams) -> DraftTree:
-        runner = self._runner("draft", model, cache, inp) if tree == self.tree else None
+        # a step cut decides on the host how many levels run: no fixed-shape graph for it
+        same = tree == self.tree and not tree.step_cut
+        runner = self._runner("draft", model, cache, inp) if same else None
         return runner(inp) if runner else draft(model, inp, cache, tree)
 
     def run_target(self, target: TargetModel, vin: EagleVerifyInput, cache: KVCache,

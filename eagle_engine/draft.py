@@ -4,7 +4,8 @@ of every frontier node. Scratch KV rows live past the committed length and are o
 the next draft extend. `Frontier`, `top_children` and `expand` are the expansion rule itself,
 shared with the static-shape (CUDA-graph) draft in `cuda_graph.py` and the batched draft in
 `batch_phases.py`. A q8 head on a CPU runs each decode step (its forward and `top_children`) as
-one C++ call (`FusedDecoder.draft`); `decode_children` is those steps in Python. Not here:
+one C++ call (`FusedDecoder.draft`); `decode_children` is those steps in Python. With a
+`step_cut`, the levels stop once the frontier's best path is below it (`goes_on`). Not here:
 choosing the final `num_draft_tokens` (`tree.py`).
 """
 from __future__ import annotations
@@ -86,6 +87,13 @@ def decode_children(model: Eagle3Draft, front: Frontier, position: int, start: i
     return *top_children(logits[0], K, model.target_ids), h[0]
 
 
+def goes_on(front: Frontier, tree: TreeParams) -> bool:
+    """Whether the next draft decode step runs: always without a `step_cut`; with one, while the
+    frontier's best path scores at least the cut (every child it adds scores at most that path).
+    The check reads a scalar back: a host sync on a GPU."""
+    return not tree.step_cut or float(front.score.max()) >= tree.step_cut
+
+
 def join(levels: list[DraftTree]) -> DraftTree:
     return DraftTree(scores=torch.cat([lv.scores for lv in levels]),
                      tokens=torch.cat([lv.tokens for lv in levels]),
@@ -99,7 +107,7 @@ def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
     fused = model.fused
     if S > 1 and fused is not None and fused.drafts:
         return DraftTree(*fused.draft(model, inp.topk_p, inp.topk_ids, inp.hidden, seq, S,
-                                      cache.data))
+                                      cache.data, tree.step_cut))
     front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
     if S == 1:  # the extend's top-k is the whole draft
         return first
@@ -108,6 +116,8 @@ def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
     eye = torch.eye(K, dtype=torch.bool, device=dev)
     prefix = torch.ones(K, seq, dtype=torch.bool, device=dev)
     for step in range(S - 1):
+        if not goes_on(front, tree):
+            break
         start = seq + step * K  # the scratch rows of this level's nodes
         mask = torch.cat([prefix, front.ancestry, eye], dim=1)  # [K, start + K]
         front, level = expand(front, *decode_children(model, front, seq + step, start, mask,

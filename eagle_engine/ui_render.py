@@ -344,6 +344,7 @@ class Settings:
     context_drafts: bool = CONTEXT_DRAFTS  # add the context's suffix-match chain to the tree
     min_score: float = 0.0  # verify only drafts whose path probability reaches this
     context_extra: int = 0  # the context's chain past num_draft_tokens, where it is sure
+    step_cut: float = 0.0  # head steps past the first only while the best path reaches this
 
     def request(self, heads: list[Any]) -> tuple[SamplingParams, TreeParams, str | None]:
         """Engine parameters; top_p and seed only apply when sampling. Raises ConfigError."""
@@ -354,7 +355,7 @@ class Settings:
             seed=int(self.seed) if sampling_on and self.seed is not None else None)
         tree = TreeParams(self.topk, self.num_steps, self.num_draft_tokens,
                           bool(self.context_drafts), float(self.min_score or 0.0),
-                          int(self.context_extra or 0))
+                          int(self.context_extra or 0), float(self.step_cut or 0.0))
         if not self.spec:
             if self.compare:
                 raise ConfigError("compare needs speculative decoding on: with it off the "

@@ -51,7 +51,7 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
     names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
     assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
                      "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights",
-                     "context_drafts", "min_score", "context_extra"]
+                     "context_drafts", "min_score", "context_extra", "step_cut"]
 
 
 def test_startup_freezes_the_loaded_objects_out_of_garbage_collection(app_server: AppServer
@@ -404,12 +404,12 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
     demo = app.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
                if b.elem_id in ("topk", "num-steps", "draft-tokens", "min-score",
-                                "context-extra")}
+                                "context-extra", "step-cut")}
     tree = engine.config.default_tree  # q4: this CPU's static q4 tree
     assert sliders == {"topk": tree.topk, "num-steps": tree.num_steps,
                        "draft-tokens": tree.num_draft_tokens, "min-score": tree.min_score,
-                       "context-extra": tree.context_extra}
-    assert (tree.min_score > 0) == q4 == (tree.context_extra > 0)
+                       "context-extra": tree.context_extra, "step-cut": tree.step_cut}
+    assert (tree.min_score > 0) == q4 == (tree.context_extra > 0) == (tree.step_cut > 0)
 
 
 def test_measured_choice_sets_sliders_status_and_weights_note(
@@ -424,10 +424,10 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
     engines[1].config = EngineConfig(target="fake", weights="q4")
     tuned = autotune.Tuned("eagle3-aux-1layer", {
         "fp32": autotune.Measured("fp32", 17.0, {"k4 s3 n8": 18.0},
-                                  {"k4 s3 n8": (4, 3, 8, 0.0, 0)}, chosen="k4 s3 n8"),
+                                  {"k4 s3 n8": (4, 3, 8, 0.0, 0, 0.0)}, chosen="k4 s3 n8"),
         "q4": autotune.Measured("q4", 100.0, {"k2 s2 n3": 104.0, "k3 s2 n4 min0.2": 109.0},
-                                {"k2 s2 n3": (2, 2, 3, 0.0, 0),
-                                 "k3 s2 n4 min0.2": (3, 2, 4, 0.2, 0)},
+                                {"k2 s2 n3": (2, 2, 3, 0.0, 0, 0.0),
+                                 "k3 s2 n4 min0.2": (3, 2, 4, 0.2, 0, 0.0)},
                                 chosen="k3 s2 n4 min0.2")},
         ["q4", "fp32"], 21.0, "test CPU")
     ordered = autotune.apply(engines, tuned)
@@ -455,8 +455,9 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
     assert list(pg.engines) == ["bf16", "q4"]
     q4 = engines[1].config.default_tree
     assert [u["value"] for u in pg.weights_changed("q4")] == [
-        q4.topk, q4.num_steps, q4.num_draft_tokens, q4.min_score, q4.context_extra]
-    assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8, 0.0, 0]
+        q4.topk, q4.num_steps, q4.num_draft_tokens, q4.min_score, q4.context_extra,
+        q4.step_cut]
+    assert [u["value"] for u in pg.weights_changed("bf16")] == [4, 3, 8, 0.0, 0, 0.0]
     records = {}
     for weights in ("bf16", "q4"):
         settings = ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, weights)

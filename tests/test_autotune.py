@@ -23,8 +23,9 @@ def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
     monkeypatch.setattr(autotune, "FIRST_ANSWER", 8)
-    monkeypatch.setattr(autotune, "CANDIDATES", {"q4": ((2, 2, 3, 0.0, 0), (1, 2, 3, 0.0, 8)),
-                                                 "dense": ((4, 3, 8, 0.0, 0), (2, 2, 4, 0.3, 0))})
+    monkeypatch.setattr(autotune, "CANDIDATES", {
+        "q4": ((2, 2, 3, 0.0, 0, 0.0), (1, 2, 3, 0.0, 8, 0.5)),
+        "dense": ((4, 3, 8, 0.0, 0, 0.0), (2, 2, 4, 0.3, 0, 0.0))})
 
 
 DENSE = [TreeParams(4, 3, 8), TreeParams(2, 2, 4, min_score=0.3)]  # the candidates above
@@ -146,3 +147,10 @@ def test_measure_judges_against_the_static_default_not_the_last_choice(
     m = autotune.measure(engine, "head", [static, other], [[1, 2, 3]], 2)
     assert m.chosen == autotune.tree_label(static) and m.best_tree() == static
     assert m.tree_tok_s[autotune.tree_label(other)] > m.tree_tok_s[m.chosen]
+
+
+def test_a_tree_round_trips_through_its_tuple_and_its_label_names_each_setting() -> None:
+    tree = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
+    assert autotune.fromtuple(autotune.astuple(tree)) == tree
+    assert autotune.tree_label(tree) == "k3 s2 n5 min0.1 step0.5 +ctx+8"
+    assert autotune.tree_label(TreeParams(2, 1, 3, context_drafts=False)) == "k2 s1 n3"

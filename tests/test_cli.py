@@ -261,7 +261,7 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
 
 def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for dense
-    targets, 4 with q4 weights; flags given always win."""
+    targets, 5 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
     from eagle_engine.cli_args import tree_params
@@ -269,14 +269,17 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     from eagle_engine.config import EngineConfig
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
-                           context_drafts=None, min_score=None, context_extra=None)
+                           context_drafts=None, min_score=None, context_extra=None,
+                           step_cut=None)
     assert tree_params(args, EngineConfig(weights="dense").default_tree) == TreeParams()
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == q4
     assert q4.min_score > 0 and TreeParams().min_score == 0
     assert q4.context_extra > 0 and TreeParams().context_extra == 0
+    assert q4.step_cut > 0 and TreeParams().step_cut == 0
     args.num_draft_tokens, args.topk = 3, 2
     assert tree_params(args, EngineConfig(weights="q4").default_tree) == TreeParams(
-        2, q4.num_steps, 3, min_score=q4.min_score, context_extra=q4.context_extra)
+        2, q4.num_steps, 3, min_score=q4.min_score, context_extra=q4.context_extra,
+        step_cut=q4.step_cut)
     args.context_extra = 0
     assert tree_params(args, EngineConfig(weights="q4").default_tree).context_extra == 0
     from eagle_engine.cli import build_parser
@@ -290,17 +293,20 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
                 assert tree_params(parsed, q4) == replace(q4, context_drafts=want)
         parsed = build_parser().parse_args(cmd + ["--min-score", "0.25"])
         assert tree_params(parsed, q4) == replace(q4, min_score=0.25)
+        parsed = build_parser().parse_args(cmd + ["--step-cut", "0"])
+        assert tree_params(parsed, q4) == replace(q4, step_cut=0.0)
 
 
 def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """q4's static default is k3 s1 n4 with a cut and a sure chain from the context past it on
-    every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates, with k2 s1 n3
-    among the others; dense targets keep `TreeParams()`."""
+    """q4's static default is k3 s2 n5 with a cut, a sure chain from the context past it and
+    a step cut on every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates,
+    with the one-step trees k3 s1 n4 and k2 s1 n3 among the others; dense targets keep
+    `TreeParams()`."""
     from eagle_engine import autotune, config
 
-    assert config.Q4_TREE == TreeParams(3, 1, 4, min_score=0.05, context_extra=8)
+    assert config.Q4_TREE == TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
     assert autotune.CANDIDATES["q4"][0] == autotune.astuple(config.Q4_TREE)
-    assert (2, 1, 3, 0.05, 8) in autotune.CANDIDATES["q4"]
+    assert {(3, 1, 4, 0.05, 8, 0.0), (2, 1, 3, 0.05, 8, 0.0)} <= set(autotune.CANDIDATES["q4"])
     for flags in (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
                   ("avx2", "fma", "f16c")):
         monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: flags)
@@ -308,7 +314,7 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
         assert config.EngineConfig(weights="dense").default_tree == TreeParams()
 
 
-def test_sweep_trees_take_an_optional_min_score_context_extra_and_context_switch() -> None:
+def test_sweep_trees_take_optional_cuts_chains_and_context_switch() -> None:
     from eagle_engine.bench import parse_sweep
     from eagle_engine.config import ConfigError
 
@@ -323,7 +329,11 @@ def test_sweep_trees_take_an_optional_min_score_context_extra_and_context_switch
     assert parse_sweep("3,1,4,0.05,8,ctx;3,1,4,0.05,0") == [
         TreeParams(3, 1, 4, context_drafts=True, min_score=0.05, context_extra=8),
         TreeParams(3, 1, 4, min_score=0.05)]
-    for bad, why in (("4,3", "'4,3' has 2 numbers"), ("4,3,8,0.1,2,3", "has 6 numbers"),
+    # a sixth: the step cut
+    assert parse_sweep("3,2,5,0.1,8,0.5") == [TreeParams(3, 2, 5, min_score=0.1,
+                                                         context_extra=8, step_cut=0.5)]
+    for bad, why in (("4,3", "'4,3' has 2 numbers"), ("4,3,8,0.1,2,0.5,1", "has 7 numbers"),
+                     ("4,3,8,0.1,2,1.5", "step_cut must be"),
                      ("4,3,8,0.1,-1", "context_extra must be"),
                      ("4,3,x", "invalid literal"), ("4,3,8,1.5", "min_score must be"),
                      ("4,3,8,ctx,ctx", "could not convert"), ("noctx", "has 0 numbers")):

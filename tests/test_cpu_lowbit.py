@@ -399,8 +399,9 @@ def test_one_call_draft_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's whole draft as one C++ call (`FusedDecoder.draft`) gives the bits of its
     Python loop over the same kernels (`decode_children`, `expand`): every candidate's score,
     token and parent, and the scratch cache rows its decode steps write, for trees of two to
-    four levels and one to four nodes a level. A norm inside `fc` does not keep a head from
-    the one call."""
+    four levels and one to four nodes a level; with a `step_cut`, both stop after the same
+    level (after the first decode step, or before it). A norm inside `fc` does not keep a head
+    from the one call."""
     from eagle_engine.draft import draft
     from eagle_engine.io_struct import EagleDraftInput
 
@@ -421,22 +422,31 @@ def test_one_call_draft_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
         state = EagleDraftInput(topk_p=p, topk_ids=torch.randperm(90, generator=g)[:K] + 3,
                                 hidden=torch.randn(H, generator=g), root=torch.tensor([4]),
                                 seq_len=seq)
-        trees = []
-        for on, cache in ((True, caches[0]), (False, caches[1])):
-            fused.drafts = on
-            trees.append(draft(head, state, cache, TreeParams(K, S, K + 1)))
-        fused.drafts = True
-        C = K + (S - 1) * K * K
-        for a, b in ((trees[0].scores, trees[1].scores), (trees[0].tokens, trees[1].tokens),
-                     (trees[0].parents, trees[1].parents), (caches[0].data, caches[1].data)):
-            assert a.shape == b.shape and torch.equal(a, b)
-        assert trees[0].scores.shape == (C,) and trees[0].scores.max() <= p.max()
+        full = None
+        for step_cut in (0.0, None, float(p.max()) + 1e-6):
+            if step_cut is None:  # between the extend's best and the first level's best path
+                step_cut = (float(p.max()) + float(full.scores[K:K + K * K].max())) / 2
+            trees = []
+            for on, cache in ((True, caches[0]), (False, caches[1])):
+                fused.drafts = on
+                trees.append(draft(head, state, cache,
+                                   TreeParams(K, S, K + 1, step_cut=step_cut)))
+            fused.drafts = True
+            full = trees[0] if full is None else full
+            for a, b in ((trees[0].scores, trees[1].scores), (trees[0].tokens, trees[1].tokens),
+                         (trees[0].parents, trees[1].parents),
+                         (caches[0].data, caches[1].data)):
+                assert a.shape == b.shape and torch.equal(a, b)
+            levels = S if step_cut == 0 else 2 if step_cut <= p.max() else 1
+            C = K + (levels - 1) * K * K
+            assert trees[0].scores.shape == (C,) and trees[0].scores.max() <= p.max()
+            assert torch.equal(trees[0].scores, full.scores[:C])  # the same levels, cut short
         written = caches[0].data[:, :, seq:seq + (S - 1) * K]
         assert written.ne(0).any(-1).all()  # every scratch row of every level was written
     with pytest.raises(RuntimeError, match=rf"hidden must be \[{H}\], got \[{H + 1}\]"):
-        fused.draft(head, p, state.topk_ids, torch.zeros(H + 1), 5, 2, caches[0].data)
+        fused.draft(head, p, state.topk_ids, torch.zeros(H + 1), 5, 2, caches[0].data, 0.0)
     with pytest.raises(RuntimeError, match=r"draft rows up to 56 past the head cache's 48"):
-        fused.draft(head, p, state.topk_ids, state.hidden, 44, 4, caches[0].data)
+        fused.draft(head, p, state.topk_ids, state.hidden, 44, 4, caches[0].data, 0.0)
 
 
 def _load_in_a_new_process() -> subprocess.Popen[bytes]:

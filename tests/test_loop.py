@@ -270,6 +270,31 @@ def test_min_score_trees_keep_parity_and_exact_caches(engine: EagleEngine,
     assert sampled.token_ids == baseline[0]  # sampled acceptance on the same trees
 
 
+def test_step_cut_trees_keep_parity_and_exact_caches(engine: EagleEngine,
+                                                     baseline: list[list[int]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree with a `step_cut` at the median of the steps' best first-level scores drafts its
+    second and third levels only in the steps whose best draft reaches it: some verified trees
+    hold the head's drafts at depth 2 or more, others only depth 1. Greedy output equals the
+    baseline, every commit leaves both caches equal to a fresh prefill, and sampling with
+    top_k=1 (a point mass) equals greedy on such trees too."""
+    tree = TreeParams(3, 3, 8, context_drafts=False)
+    full = engine.generate(PROMPTS[0], GREEDY, tree, "aux", keep_events=True)
+    best = sorted(max(n.score for n in ev.tree if n.depth == 1) for ev in full.events if ev.tree)
+    cut = replace(tree, step_cut=best[len(best) // 2])
+    watcher = Watcher(engine, PROMPTS[0]).install(monkeypatch)
+    result = engine.generate(PROMPTS[0], GREEDY, cut, "aux", keep_events=True)
+    assert result.token_ids == baseline[0]
+    trees = [ev.tree for ev in result.events if ev.tree]
+    deep = [max(n.depth for n in t) > 1 for t in trees]
+    assert any(deep) and not all(deep)
+    for t, d in zip(trees, deep):  # a step past the first ran exactly where the best reached it
+        assert d == (max(n.score for n in t if n.depth == 1) >= cut.step_cut)
+    assert watcher.checks == len(trees)
+    point_mass = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_k=1, seed=5)
+    assert engine.generate(PROMPTS[0], point_mass, cut, "aux").token_ids == baseline[0]
+
+
 def assert_rows_equal(cache: KVCache, fresh: KVCache, n: int) -> None:
     for (k, v), (fk, fv) in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(k[:, :, :n], fk[:, :, :n], atol=1e-4, rtol=1e-4)

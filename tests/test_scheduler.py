@@ -10,6 +10,7 @@ solo runs.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -119,6 +120,35 @@ def test_sure_context_chains_past_the_tree_batch_like_solo(engine: EagleEngine) 
         assert [tokens(e) for e in events] == solo(engine, requests)
         if not params:
             assert max(len(ev.tree) for ev in events[0]) > trees[0].num_draft_tokens
+
+
+def test_step_cut_trees_batch_like_solo(engine: EagleEngine) -> None:
+    """Trees with a `step_cut` (at the median of a probe's best first-level scores) stop drafting
+    in some steps and not in others; batched with a tree without one and plain decoding, greedy
+    and sampled, each request verifies its solo trees and gets its solo tokens."""
+    probe = TreeParams(3, 2, 5, context_drafts=False)
+    first = prompt(7, 9)
+    steps = engine.generate(first, SamplingParams(max_new_tokens=24, ignore_eos=True), probe,
+                            "aux", keep_events=True).events
+    best = sorted(max(n.score for n in ev.tree if n.depth == 1) for ev in steps if ev.tree)
+    cut = best[len(best) // 2]
+    trees = [replace(probe, step_cut=cut), TreeParams(2, 3, 6, context_drafts=False,
+                                                      step_cut=cut), TreeParams(2, 3, 6), None]
+
+    def shapes(events: list[StepEvent]) -> list[list[tuple[int, int]]]:
+        return [[(n.token_id, n.parent) for n in ev.tree] for ev in events]
+
+    for params in ({}, {"temperature": 0.9, "seed": 3}):
+        requests = [(first if i == 0 else prompt(i, 6 + 2 * i),
+                     SamplingParams(max_new_tokens=24, ignore_eos=True, **params), tree,
+                     tree and "aux") for i, tree in enumerate(trees)]
+        events, _ = run_all(engine, requests, 4)
+        alone = [engine.generate(*r, keep_events=True).events for r in requests]
+        assert [tokens(e) for e in events] == [tokens(e) for e in alone]
+        assert [shapes(e) for e in events] == [shapes(e) for e in alone]
+        if not params:  # the cut is the greedy probe's median
+            deep = [max(n.depth for n in ev.tree) > 1 for ev in events[0] if ev.tree]
+            assert any(deep) and not all(deep)
 
 
 def test_stop_string_mid_batch(engine: EagleEngine) -> None:

@@ -1043,19 +1043,21 @@ static std::vector<at::Tensor> head_level(at::Tensor tokens, at::Tensor hidden,
 // levels, each a decode step over the K best paths so far (`head_level`, at position seq +
 // level, cache rows seq + level * K onwards, each node seeing the committed rows, its ancestors
 // and itself) and the expansion to their K * K children, whose K best paths are the next level's
-// frontier. Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch steps from
+// frontier. The levels stop once the frontier's best path scores below step_cut (0: never;
+// `draft.goes_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch steps from
 // Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration
 // (docs/results.md, section 40); here the top-k of the paths is still `at::topk`, so ties fall as
 // they do in Python. Returns [scores [C] float32 (cumulative path probabilities), tokens [C]
 // int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (steps -
-// 1) * K * K.
+// 1) * K * K for the levels that ran.
 std::vector<at::Tensor> head_draft_tree(at::Tensor topk_p, at::Tensor topk_ids, at::Tensor hidden,
                                         int64_t seq, int64_t steps, at::Tensor embedding,
                                         at::Tensor cos, at::Tensor sin, at::Tensor kv,
                                         std::vector<at::Tensor> weights, int64_t heads,
                                         int64_t kv_heads, double eps, at::Tensor final_norm,
                                         bool norm_output, at::Tensor lm_codes,
-                                        at::Tensor lm_scales, int64_t vocab, at::Tensor d2t) {
+                                        at::Tensor lm_scales, int64_t vocab, at::Tensor d2t,
+                                        double step_cut) {
   const int64_t K = token_rows(topk_ids), H = final_norm.numel();
   TORCH_CHECK(topk_p.dim() == 1 && topk_p.size(0) == K && topk_p.scalar_type() == at::kFloat,
               "topk_p must be [", K, "] float32, got ", topk_p.scalar_type(), " ",
@@ -1080,6 +1082,11 @@ std::vector<at::Tensor> head_draft_tree(at::Tensor topk_p, at::Tensor topk_ids, 
   std::vector<uint8_t> anc;
   int64_t offset = K;
   for (int64_t level = 0; level + 1 < steps; ++level) {
+    // the best path, read in place (no op: `sync_count` counts none); compared in double, as
+    // Python compares
+    const float* path_scores = score.data_ptr<float>();
+    if (step_cut > 0 && double(*std::max_element(path_scores, path_scores + K)) < step_cut)
+      break;
     const int64_t start = seq + level * K, width = start + K;
     at::Tensor visible = at::empty({K, width}, long_opts.dtype(at::kBool));  // [K, start + K]
     bool* v = visible.data_ptr<bool>();

@@ -221,20 +221,21 @@ class FusedDecoder:
             model.lm_head.out_features, model.d2t, topk))
 
     def draft(self, model: nn.Module, topk_p: torch.Tensor, topk_ids: torch.Tensor,
-              hidden: torch.Tensor, seq: int, steps: int, kv: torch.Tensor
+              hidden: torch.Tensor, seq: int, steps: int, kv: torch.Tensor, step_cut: float
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A head's whole draft as one C++ call (heads that `drafts`): level 1 is the extend's
         top-k (probabilities topk_p [K], target ids topk_ids [K]) below the root, whose recycled
         hidden [H] each level-1 node carries; then `steps - 1` decode steps over the K best
         paths, at positions seq, seq + 1, ..., written to the head's one-row cache (`kv` =
-        `KVCache.data`) from row seq on, and each level's expansion -> (scores [C], tokens [C],
-        parents [C]) of `draft.Frontier`'s candidate layout. `draft.draft`'s Python loop
-        (`decode_children`, `expand`) is the reference, with the same bits."""
+        `KVCache.data`) from row seq on, and each level's expansion, stopping before a step
+        once the best path so far scores below `step_cut` (`draft.goes_on`) -> (scores [C],
+        tokens [C], parents [C]) of `draft.Frontier`'s candidate layout. `draft.draft`'s Python
+        loop (`decode_children`, `expand`) is the reference, with the same bits."""
         return tuple(cpu_lowbit.load().head_draft_tree(
             topk_p, topk_ids, hidden, seq, steps, model.embed_tokens.weight, model.rope.cos,
             model.rope.sin, kv, self.weights, self.heads, self.kv_heads, self.eps,
             self.final_norm, model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
-            model.lm_head.out_features, model.d2t))
+            model.lm_head.out_features, model.d2t, step_cut))
 
     def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
         """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
