@@ -413,8 +413,8 @@ class TreeParams:
     calibrated score, or the chain's) is below it, so `num_draft_tokens` becomes a cap and an
     unsure draft costs no verify rows; 0 verifies the full budget every iteration.
     `step_cut` skips the head's draft steps past the first once the best path so far is less
-    likely than it: every node such a step adds scores below that path, so it seldom earns a
-    row, and the step's time is saved; 0 runs all `num_steps` every iteration. On a GPU the
+    likely than it: every node such a step adds scores at most that path, so it seldom earns
+    a row, and the step's time is saved; 0 runs all `num_steps` every iteration. On a GPU the
     check reads the scores back to the host, and such a tree drafts without its CUDA graph."""
 
     # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
@@ -476,13 +476,13 @@ class TreeParams:
 
 # q4 target weights: k3 s2 n5 with a cut of 0.1, a sure chain from the context past the budget
 # and a step cut of 0.5. A q4 tree row costs a fifth to a third of a one-token step on a 2-core
-# CPU and the head's second step about a seventh, so a second step pays only where the head is
+# CPU and the head's second step about an eighth, so a second step pays only where the head is
 # sure of its first draft: the step cut runs it in about half the steps. The cut leaves out
 # drafts that are nearly hopeless (section 20 of docs/results.md). Up to 8 more nodes of the
 # context's chain past the budget, each at least `CHAIN_SURE` likely (section 46).
 # Default head of 28720a6, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
-# 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), 0.3-1.4% faster in
-# four runs. Before the step cut, two-step trees ran 1-3% behind k3 s1 n4 on every class
+# 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), level with it or
+# up to 1.4% faster in five runs, 1.2% faster sampled. Before the step cut, two-step trees ran 1-3% behind k3 s1 n4 on every class
 # (sections 33, 45, 46). Not measured on the AVX2 EPYC, where the head's step costs a little
 # more of a token (section 32). The app and `python -m eagle_engine tune` measure the candidates
 # on each machine, k3 s1 n4 among them, and keep this default unless another is faster beyond
