@@ -85,7 +85,7 @@ def fromtuple(shape: Shape) -> TreeParams:
 
 CANDIDATES = {  # per weights label, `astuple`s; the static defaults first
     "q4": (astuple(Q4_TREE), (3, 1, 4, 0.05, 8, 0.0), (2, 1, 3, 0.05, 8, 0.0),
-           (1, 1, 2, 0.0, 8, 0.0), (2, 2, 5, 0.1, 8, 0.5), (3, 2, 6, 0.1, 8, 0.5)),
+           (1, 1, 2, 0.0, 8, 0.0), (2, 2, 5, 0.1, 8, 0.5), (3, 3, 5, 0.1, 8, 0.4)),
     "dense": (astuple(TreeParams()), (4, 3, 6, 0.0, 0, 0.0), (2, 3, 4, 0.0, 0, 0.0)),
 }
 
