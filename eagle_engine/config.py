@@ -480,7 +480,7 @@ class TreeParams:
 # sure of its first draft: the step cut runs it in about half the steps. The cut leaves out
 # drafts that are nearly hopeless (section 20 of docs/results.md). Up to 8 more nodes of the
 # context's chain past the budget, each at least `CHAIN_SURE` likely (section 46).
-# Default head of 28720a6, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
+# Default head of cb64605, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
 # 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), level with it or
 # up to 1.6% faster in six runs, 1.2% faster sampled. Before the step cut, two-step trees ran
 # 1-3% behind k3 s1 n4 on every class (sections 33, 45, 46). Not measured on the AVX2 EPYC,
