@@ -1044,12 +1044,12 @@ static std::vector<at::Tensor> head_level(at::Tensor tokens, at::Tensor hidden,
 // level, cache rows seq + level * K onwards, each node seeing the committed rows, its ancestors
 // and itself) and the expansion to their K * K children, whose K best paths are the next level's
 // frontier. The levels stop once the frontier's best path scores below step_cut (0: never;
-// `draft.goes_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch steps from
-// Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration
+// `draft.goes_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch
+// steps from Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration
 // (docs/results.md, section 40); here the top-k of the paths is still `at::topk`, so ties fall as
 // they do in Python. Returns [scores [C] float32 (cumulative path probabilities), tokens [C]
-// int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (steps -
-// 1) * K * K for the levels that ran.
+// int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (L - 1) *
+// K * K for the L levels that ran (L = steps without a step cut).
 std::vector<at::Tensor> head_draft_tree(at::Tensor topk_p, at::Tensor topk_ids, at::Tensor hidden,
                                         int64_t seq, int64_t steps, at::Tensor embedding,
                                         at::Tensor cos, at::Tensor sin, at::Tensor kv,
