@@ -37,10 +37,13 @@ def uploaded(values: list[int] | list[float], dtype: torch.dtype, device: torch.
 def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> DraftTree:
     """The head's C candidates plus the context chain's L nodes as candidates C..C+L-1, on the
     device. Where the chain runs along head candidates (the same tokens from the root down),
-    those candidates take the higher of the two probabilities and become BOTH, and the chain's
-    own copies get score -1, below every probability, so they are never selected (the head
-    alone fills the budget: `TreeParams` checks its capacity) and siblings stay distinct. The
-    rest of the chain hangs below the last shared node."""
+    those candidates become BOTH and score 1 - (1 - head) * (1 - chain): right where either
+    source is, the two taken as independent (a node both proposed was accepted more often than
+    either probability said; docs/results.md, section 48). The chain's own copies of them get
+    score -1, below every probability, so they are never selected (the head alone fills the
+    budget: `TreeParams` checks its capacity) and siblings stay distinct. The rest of the chain
+    hangs below the last shared node, its scores that node's times the chain's own rates past it
+    (`chain_p[j] / chain_p[last]`), as the head's children carry their parent's path."""
     dev = drafted.tokens.device
     C, L, S = drafted.tokens.numel(), len(ctx.tokens), tree.num_steps
     chain = uploaded(ctx.tokens, torch.long, dev)  # [L]
@@ -64,13 +67,17 @@ def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> Dr
     holder = torch.where(shared >= 0, shared, C + levels - 1)  # [L] candidate holding node j
     minus_one = torch.full((1,), -1, dtype=torch.long, device=dev)
     chain_parents = torch.cat([minus_one, holder[:-1]])  # [L]
-    on = shared >= 0
+    on = shared >= 0  # [L] a prefix: a shared node's parent is shared
     slot = shared.clamp_min(0)
-    scores = drafted.scores.scatter_reduce(0, slot, torch.where(on, chain_p, -1.0), "amax")
+    both_p = 1 - (1 - drafted.scores[slot]) * (1 - chain_p)  # [L] where shared
+    last = (on.sum() - 1).clamp_min(0).view(1)  # [1] the last shared node's index in the chain
+    lift = both_p.index_select(0, last) / chain_p.index_select(0, last)  # [1]
+    own_p = chain_p * torch.where(on.any(), lift, 1.0)  # [L]
+    scores = drafted.scores.scatter_reduce(0, slot, torch.where(on, both_p, -1.0), "amax")
     head_src = (torch.zeros(C, dtype=torch.long, device=dev) if drafted.sources is None
                 else drafted.sources)
     head_src = head_src.scatter_reduce(0, slot, torch.where(on, int(NodeSource.BOTH), 0), "amax")
-    return DraftTree(scores=torch.cat([scores, torch.where(on, -1.0, chain_p)]),
+    return DraftTree(scores=torch.cat([scores, torch.where(on, -1.0, own_p)]),
                      tokens=torch.cat([drafted.tokens, chain]),
                      parents=torch.cat([parents, chain_parents]),
                      sources=torch.cat([head_src, torch.full((L,), int(NodeSource.CONTEXT),

@@ -5,7 +5,7 @@
   new; a chain that reaches the end of the context repeats itself; scores are products of the
   calibrated hit rates, which count what the index proposed before each generated token.
 * The merge (`tree.merge_context` then `build_tree`): the budget holds, siblings carry distinct
-  tokens, a node both sources proposed is one node with the higher probability (source BOTH),
+  tokens, a node both sources proposed is one node scored above either (source BOTH),
   the chain may reach deeper than num_steps, the top-scored nodes of both sources are selected,
   and nothing is read back from the device.
 * A sure chain past the budget (`context_extra`): only the chain's nodes scoring at least
@@ -138,9 +138,10 @@ def test_chain_along_head_nodes_merges_and_goes_deeper() -> None:
     tree = TreeParams(2, 2, 6, context_drafts=True)
     merged = merge_context(head_tree(), ContextDraft([10, 13, 20, 21], [0.9, 0.8, 0.7, 0.1], 3),
                            tree)
-    # a and ab are shared: they take the chain's probabilities, its own copies are out (-1)
-    assert merged.scores.tolist() == pytest.approx([0.9, 0.3, 0.5, 0.8, 0.2, 0.05,
-                                                    -1, -1, 0.7, 0.1])
+    # a and ab are shared: 1 - (1 - head) * (1 - chain), its own copies are out (-1); below
+    # ab the chain's own rates times ab's score: 0.7 * 0.81 / 0.8, 0.1 * 0.81 / 0.8
+    assert merged.scores.tolist() == pytest.approx([0.96, 0.3, 0.5, 0.81, 0.2, 0.05,
+                                                    -1, -1, 0.70875, 0.10125])
     assert merged.parents.tolist() == [-1, -1, 0, 0, 1, 1, -1, 0, 3, 8]
     assert merged.sources.tolist() == [2, 0, 0, 2, 0, 0, 1, 1, 1, 1]
     vin = build_tree(merged, ROOT, SEQ, tree)
@@ -194,11 +195,27 @@ def test_sure_chain_goes_past_the_budget() -> None:
     assert vin.sources.tolist() == [0, 2, 2, 1, 1]
 
 
-def test_head_probability_stays_when_it_is_higher() -> None:
+def test_a_node_both_propose_scores_above_either() -> None:
     tree = TreeParams(2, 2, 3, context_drafts=True)
     merged = merge_context(head_tree(), ContextDraft([10, 12], [0.2, 0.1], 2), tree)
-    assert merged.scores[:3].tolist() == pytest.approx([0.6, 0.3, 0.5])
+    # a: 1 - 0.4 * 0.8, aa: 1 - 0.5 * 0.9; b keeps the head's
+    assert merged.scores[:3].tolist() == pytest.approx([0.68, 0.3, 0.55])
     assert merged.sources[:3].tolist() == [2, 0, 2]
+
+
+def test_the_chain_below_a_shared_node_starts_from_its_score() -> None:
+    """A chain that agrees with the head's a -> aa goes on from aa's combined score: its next
+    node (the chain's own 0.25, under CHAIN_SURE) scores 0.7 * 0.25 / 0.4 and goes past the
+    budget; without a shared node the same chain hangs from the root at its own scores."""
+    tree = TreeParams(2, 2, 3, context_drafts=True, context_extra=4)
+    merged = merge_context(head_tree(), ContextDraft([10, 12, 40], [0.5, 0.4, 0.25], 3), tree)
+    assert merged.scores.tolist() == pytest.approx([0.8, 0.3, 0.7, 0.05, 0.2, 0.05,
+                                                    -1, -1, 0.4375])
+    vin = build_tree(merged, ROOT, SEQ, tree)
+    assert vin.tokens.tolist() == [ROOT, 10, 12, 40]
+    assert vin.sources.tolist() == [0, 2, 2, 1]
+    alone = merge_context(head_tree(), ContextDraft([30, 31, 40], [0.5, 0.4, 0.25], 3), tree)
+    assert alone.scores[6:].tolist() == pytest.approx([0.5, 0.4, 0.25])
 
 
 @pytest.mark.parametrize("K, S, N", [(1, 1, 2), (2, 3, 11), (3, 2, 9), (4, 4, 16), (1, 5, 6)])

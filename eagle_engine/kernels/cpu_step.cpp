@@ -212,14 +212,20 @@ std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& t
       on_chain[c] = same && (p < 0 || on_chain[p]);
       if (on_chain[c]) shared[d - 1] = c;
     }
+    // a shared node scores 1 - (1 - head) * (1 - chain); the chain past the last one that
+    // node's score times the chain's own rates past it (lift), in float32 as torch computes
+    float lift = 1.f;
     for (int64_t j = 0; j < L; ++j) {
       const float p = float(chain_scores[j]);
       const int64_t holder_parent = j == 0 ? -1 : (shared[j - 1] >= 0 ? shared[j - 1] : C + j - 1);
       if (shared[j] >= 0) {
-        sc[shared[j]] = std::max(sc[shared[j]], p);
+        float miss = (1.f - sc[shared[j]]) * (1.f - p);
+        asm("" : "+x"(miss));  // rounded here, as torch rounds it: no fused multiply-subtract
+        sc[shared[j]] = 1.f - miss;
+        lift = sc[shared[j]] / p;
         src[shared[j]] = std::max<int64_t>(src[shared[j]], 2);  // NodeSource.BOTH
       }
-      sc.push_back(shared[j] >= 0 ? -1.f : p);  // a shared node's own copy is never selected
+      sc.push_back(shared[j] >= 0 ? -1.f : p * lift);  // a shared node's own copy: never selected
       tok.push_back(chain_tokens[j]);
       par.push_back(holder_parent);
       src.push_back(1);  // NodeSource.CONTEXT
