@@ -482,11 +482,12 @@ class TreeParams:
 # context's chain past the budget, each at least `CHAIN_SURE` likely (section 46).
 # Default head of cb64605, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
 # 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), level with it or
-# up to 1.6% faster in six runs, 1.2% faster sampled. Before the step cut, two-step trees ran
-# 1-3% behind k3 s1 n4 on every class (sections 33, 45, 46). Not measured on the AVX2 EPYC,
-# where the head's step costs a little more of a token (section 32). The app and `python -m
-# eagle_engine tune` measure the candidates on each machine, k3 s1 n4 among them, and keep this
-# default unless another is faster beyond the noise (`autotune.py`).
+# up to 1.6% faster in six runs, 1.2% faster sampled; tau 2.811 since the merge of 7c22f18
+# combines a node both the head and the chain propose (section 48). Before the step cut,
+# two-step trees ran 1-3% behind k3 s1 n4 on every class (sections 33, 45, 46). Not measured on
+# the AVX2 EPYC, where the head's step costs a little more of a token (section 32). The app and
+# `python -m eagle_engine tune` measure the candidates on each machine, k3 s1 n4 among them, and
+# keep this default unless another is faster beyond the noise (`autotune.py`).
 Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
 
 
