@@ -71,8 +71,9 @@ def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> Dr
     slot = shared.clamp_min(0)
     both_p = 1 - (1 - drafted.scores[slot]) * (1 - chain_p)  # [L] where shared
     last = (on.sum() - 1).clamp_min(0).view(1)  # [1] the last shared node's index in the chain
-    lift = both_p.index_select(0, last) / chain_p.index_select(0, last)  # [1]
-    own_p = chain_p * torch.where(on.any(), lift, 1.0)  # [L]
+    at_last = chain_p.index_select(0, last)  # [1] 0 only where float32 underflowed: no lift
+    lift = torch.where(on.any() & (at_last > 0), both_p.index_select(0, last) / at_last, 1.0)
+    own_p = chain_p * lift  # [L]
     scores = drafted.scores.scatter_reduce(0, slot, torch.where(on, both_p, -1.0), "amax")
     head_src = (torch.zeros(C, dtype=torch.long, device=dev) if drafted.sources is None
                 else drafted.sources)

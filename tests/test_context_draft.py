@@ -216,6 +216,9 @@ def test_the_chain_below_a_shared_node_starts_from_its_score() -> None:
     assert vin.sources.tolist() == [0, 2, 2, 1]
     alone = merge_context(head_tree(), ContextDraft([30, 31, 40], [0.5, 0.4, 0.25], 3), tree)
     assert alone.scores[6:].tolist() == pytest.approx([0.5, 0.4, 0.25])
+    # chain scores that underflowed to 0 past a shared node stay 0, not 0 * inf
+    zero = merge_context(head_tree(), ContextDraft([10, 12, 40], [0.5, 0.0, 0.0], 3), tree)
+    assert zero.scores.tolist() == pytest.approx([0.8, 0.3, 0.5, 0.05, 0.2, 0.05, -1, -1, 0.0])
 
 
 @pytest.mark.parametrize("K, S, N", [(1, 1, 2), (2, 3, 11), (3, 2, 9), (4, 4, 16), (1, 5, 6)])

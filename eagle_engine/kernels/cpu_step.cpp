@@ -212,8 +212,9 @@ std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& t
       on_chain[c] = same && (p < 0 || on_chain[p]);
       if (on_chain[c]) shared[d - 1] = c;
     }
-    // a shared node scores 1 - (1 - head) * (1 - chain); the chain past the last one that
-    // node's score times the chain's own rates past it (lift), in float32 as torch computes
+    // a shared node scores 1 - (1 - head) * (1 - chain); the chain's nodes past the last shared
+    // one score its score times the chain's own rates past it (p * lift), in float32 in torch's
+    // order (a chain score of 0, float32 underflow, lifts nothing)
     float lift = 1.f;
     for (int64_t j = 0; j < L; ++j) {
       const float p = float(chain_scores[j]);
@@ -222,7 +223,7 @@ std::vector<at::Tensor> build_tree(const at::Tensor& scores, const at::Tensor& t
         float miss = (1.f - sc[shared[j]]) * (1.f - p);
         asm("" : "+x"(miss));  // rounded here, as torch rounds it: no fused multiply-subtract
         sc[shared[j]] = 1.f - miss;
-        lift = sc[shared[j]] / p;
+        lift = p > 0.f ? sc[shared[j]] / p : 1.f;
         src[shared[j]] = std::max<int64_t>(src[shared[j]], 2);  // NodeSource.BOTH
       }
       sc.push_back(shared[j] >= 0 ? -1.f : p * lift);  // a shared node's own copy: never selected
