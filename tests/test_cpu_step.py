@@ -250,7 +250,7 @@ def _chain(g: torch.Generator, drafted, kind: str):
             node = int(drafted.parents[node])
         tokens = (path + tokens)[:max(L, len(path))]
     scores = sorted(torch.rand(len(tokens), generator=g).tolist(), reverse=True)
-    if kind == "along the head":  # a tail that underflowed to 0, shared nodes' too
+    if kind == "along the head" and len(tokens) % 2:  # a tail underflowed to 0, shared too
         scores[1:] = [0.0] * (len(scores) - 1)
     return ContextDraft(tokens, scores, match_len=3)
 
