@@ -474,20 +474,15 @@ class TreeParams:
         return max(self.num_steps, self.chain_len)
 
 
-# q4 target weights: k3 s2 n5 with a cut of 0.1, a sure chain from the context past the budget
-# and a step cut of 0.5. A q4 tree row costs a fifth to a third of a one-token step on a 2-core
-# CPU and the head's second step about an eighth, so a second step pays only where the head is
-# sure of its first draft: the step cut runs it in about half the steps. The cut leaves out
-# drafts that are nearly hopeless (section 20 of docs/results.md). Up to 8 more nodes of the
-# context's chain past the budget, each at least `CHAIN_SURE` likely (section 46).
-# Default head of cb64605, full MT-bench, on the AVX-512 EPYC (section 47): tau 2.745 against
-# 2.535 for the default before it (k3 s1 n4, a cut of 0.05, the same chain), level with it or
-# up to 1.6% faster in six runs, 1.2% faster sampled; tau 2.811 since the merge of 7c22f18
-# combines a node both the head and the chain propose (section 48). Before the step cut,
-# two-step trees ran 1-3% behind k3 s1 n4 on every class (sections 33, 45, 46). Not measured on
-# the AVX2 EPYC, where the head's step costs a little more of a token (section 32). The app and
-# `python -m eagle_engine tune` measure the candidates on each machine, k3 s1 n4 among them, and
-# keep this default unless another is faster beyond the noise (`autotune.py`).
+# q4 target weights: k3 s2 n5 with a cut of 0.1, up to 8 sure nodes of the context's chain past
+# the budget (`CHAIN_SURE`; section 46 of docs/results.md) and a step cut of 0.5. A q4 tree row
+# costs a fifth to a third of a one-token step on a 2-core CPU and the head's second step about
+# an eighth, so that step runs only where the head is sure of its first draft (about half the
+# iterations); the cut leaves out nearly hopeless drafts (section 20). Full MT-bench, default
+# head, AVX-512 EPYC: tau 2.811, level with k3 s1 n4 or up to 1.6% faster (sections 47, 48).
+# Not measured on the AVX2 EPYC, where the head's step costs more of a token (section 32): the
+# app and `python -m eagle_engine tune` measure k3 s1 n4 among the candidates on each machine
+# and keep this default unless another is faster beyond the noise (`autotune.py`).
 Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
 
 
