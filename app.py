@@ -19,7 +19,6 @@ import gc
 import importlib.util
 import itertools
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -104,10 +103,13 @@ STOP_WAIT_S = 10.0
 NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting in the queue "
                      "(the status line shows its place) cannot be taken back there: it starts "
                      "when its turn comes, and Stop ends it then.")
-# The step plot is a Vega chart the browser redraws for every frame that carries it: with the
-# plot in the last frame only, Chromium used ~10% less CPU (docs/results.md, section 38). While
-# an answer streams the plot moves at most once per this interval; the last frame draws it.
-PLOT_INTERVAL_S = 1.0
+# The panels under the chat (speed tiles, step plot, tree, timing) cost the browser a redraw for
+# every frame that carries them, and a browser on the engine's cores takes that time from the
+# engine: with them in the last frame only, the engine ran ~7% faster (docs/results.md,
+# sections 38 and 50). While an answer streams they move at most once per this interval, the
+# first time one interval after the answer starts (the tokens in the chat stream every frame);
+# the last frame draws them.
+PANEL_INTERVAL_S = 1.0
 # Each has a sensible greedy answer from the bundled q4 target (tests/test_app_startup.py). Not
 # "What is the capital of France?": q4 answers it with a loop of "la France, ...", as
 # llama.cpp does on the same GGUF (bf16 weights say Paris).
@@ -247,12 +249,12 @@ class Playground:
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
                  rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
-                 plot_interval: float = PLOT_INTERVAL_S) -> None:
+                 panel_interval: float = PANEL_INTERVAL_S) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.schedulers = {w: Scheduler(e, max_batch, worker) for w, e in self.engines.items()
                            } if max_batch > 1 else {}
-        self.frame_interval, self.plot_interval = frame_interval, plot_interval
+        self.frame_interval, self.panel_interval = frame_interval, panel_interval
         # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
         self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
         self.stops = StopFlags()
@@ -300,8 +302,9 @@ class Playground:
     def run(self, turns: list[dict], user_text: str, s: ui.Settings,
             session: str | None = None, from_box: bool = True) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
-        step, then at most one per `frame_interval` seconds, and the final one; the step plot
-        in the first, then at most once per `plot_interval` seconds, and in the final one.
+        step, then at most one per `frame_interval` seconds, and the final one; the panels
+        (tiles, step plot, tree, timing) at most once per `panel_interval` seconds, the first
+        time one interval after the start, and in the final one.
         Stop (`stop` with the same `session`) ends it after the engine step in flight.
         `from_box`: `user_text` came from the message box, which the first frame empties."""
         if problems := self.problems(user_text, s):
@@ -330,17 +333,17 @@ class Playground:
             def add(ev: StepEvent) -> None:
                 view.add(ev)
                 batches.append(ev.batch)
-            plotted = -math.inf  # when a frame last carried the plot
+            drawn = time.perf_counter()  # when the panels last moved (before: the last answer's)
             for ev in paced(itertools.chain([first], events), add, self.frame_interval, stop):
                 turns[-1] = answer_turn(user_text, view, left_out)
                 status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                           f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
                 now = time.perf_counter()
-                plot = now - plotted >= self.plot_interval
-                plotted = now if plot else plotted
+                panels = now - drawn >= self.panel_interval
+                drawn = now if panels else drawn
                 yield self._frame(turns, status, view, head, None, s.weights,
-                                  estimate(rate, len(ids), view.stats) if head else None,
-                                  plot=plot, sent=from_box and ev is first)
+                                  estimate(rate, len(ids), view.stats) if head and panels
+                                  else None, panels=panels, sent=from_box and ev is first)
         turns[-1] = answer_turn(user_text, view, left_out)
         on_screen = time.perf_counter() - t0
 
@@ -384,14 +387,16 @@ class Playground:
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
                base: ui.AnswerView | None = None, greedy: bool = True,
-               plot: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
+               panels: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
         """`sent`: the answer's first frame, which empties the message box; later frames leave
-        it to what the visitor types meanwhile."""
+        it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
+        plot, the tree and the timing (else they stay as they are)."""
+        moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
+                     plot=step_plot(view.accepted_per_step),
+                     tree=ui.tree_svg(view.tree, view.tree_step),
+                     timing=ui.timing_html(view.stats)) if panels else {}
         return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
-                    history=turns, status=status,
-                    tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
-                    plot=step_plot(view.accepted_per_step) if plot else gr.skip(),
-                    tree=ui.tree_svg(view.tree, view.tree_step), timing=ui.timing_html(view.stats),
+                    history=turns, status=status, **moved,
                     # an answer without its baseline (yet) clears the last answer's compare
                     compare=ui.compare_html(view, base, greedy, True, stopped) if base else "",
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est)
@@ -625,14 +630,14 @@ def _main_panel() -> dict[str, Any]:
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
                rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
-               progress: str = PROGRESS, plot_interval: float = PLOT_INTERVAL_S) -> gr.Blocks:
+               progress: str = PROGRESS, panel_interval: float = PANEL_INTERVAL_S) -> gr.Blocks:
     """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
     plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines;
     `max_batch`: how many visitors are answered at once (the chat handlers' concurrency);
     `progress`: Gradio's `show_progress` on the status line while an answer streams;
-    `plot_interval`: how often the step plot moves while an answer streams."""
+    `panel_interval`: how often the panels under the chat move while an answer streams."""
     pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch,
-                    plot_interval)
+                    panel_interval)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
         o = _main_panel()

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/app_speed.py threads [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py frames [--tokens 128] [--repeats 3]
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
-        [--intervals 0.1,0.25] [--progress full,minimal] [--plot-intervals 0,1] [--plain]
+        [--intervals 0.1,0.25] [--progress full,minimal] [--panel-intervals 0,1] [--plain]
 
 `threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
@@ -16,8 +16,9 @@ each through `gradio_client`: seconds until the answer is complete on the client
 received, and the engine's own tokens/s.
 `browser`: launches the app in-process once per setting, each frame interval of `--intervals` with
 each progress display of `--progress` (Gradio's `show_progress` on the status line) and each
-interval of `--plot-intervals` at which the step plot moves while an answer streams (the estimate's
-plain-decoding speeds measured once at start-up, as the app does), and opens them in headless
+interval of `--panel-intervals` at which the panels under the chat (tiles, step plot, tree,
+timing) move while an answer streams (0: in every frame; the estimate's plain-decoding speeds
+measured once at start-up, as the app does), and opens them in headless
 Chromium (Debian's, as the browser tests do) on the same cores, as a visitor who runs the app on
 their own machine does. In rounds that take the settings in turn, it opens a fresh page of the
 setting, types each of `BROWSER_PROMPTS`, presses Send, and closes the page: one page at a time,
@@ -157,14 +158,14 @@ def browser(args: argparse.Namespace) -> dict:
     # the estimate's plain speeds, measured at start-up as `app.main` does (one copy a setting)
     rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
     settings = [(float(i), p, float(q)) for i in args.intervals.split(",")
-                for p in args.progress.split(",") for q in args.plot_intervals.split(",")]
+                for p in args.progress.split(",") for q in args.panel_intervals.split(",")]
     urls = {}
-    for interval, progress, plot in settings:
+    for interval, progress, panels in settings:
         demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress,
-                              plot_interval=plot, rates=copy.deepcopy(rates))
+                              panel_interval=panels, rates=copy.deepcopy(rates))
         demo.queue(max_size=16, default_concurrency_limit=1)
-        _, urls[interval, progress, plot], _ = demo.launch(prevent_thread_lock=True,
-                                                           server_name="127.0.0.1", quiet=True)
+        _, urls[interval, progress, panels], _ = demo.launch(prevent_thread_lock=True,
+                                                             server_name="127.0.0.1", quiet=True)
     modes = (True, False) if args.plain else (True,)
     # per setting and mode: tokens, engine s, on-screen s, browser CPU s, estimates shown
     totals = {(s, m): [0, 0.0, 0.0, 0.0, []] for s in settings for m in modes}
@@ -191,7 +192,7 @@ def browser(args: argparse.Namespace) -> dict:
         chromium.close()
     report = {}
     for (i, p, q) in settings:
-        name = f"interval_{i:g}s_progress_{p}_plot_{q:g}s"
+        name = f"interval_{i:g}s_progress_{p}_panels_{q:g}s"
         for spec in modes:
             n, engine_s, screen_s, cpu_s, shown = totals[(i, p, q), spec]
             report[f"{name}_{'eagle' if spec else 'plain'}"] = {
@@ -214,8 +215,9 @@ def main() -> None:
                    help="browser: comma-separated frame intervals, seconds")
     p.add_argument("--progress", default=app.PROGRESS,
                    help="browser: comma-separated show_progress values (full, minimal, hidden)")
-    p.add_argument("--plot-intervals", default=f"{app.PLOT_INTERVAL_S:g}",
-                   help="browser: comma-separated intervals of the step plot, seconds")
+    p.add_argument("--panel-intervals", default=f"{app.PANEL_INTERVAL_S:g}",
+                   help="browser: comma-separated intervals of the panels under the chat, "
+                   "seconds")
     p.add_argument("--plain", action="store_true",
                    help="browser: also ask each prompt with speculative decoding off (the "
                    "order alternates by round), and report the speedup under the same load")

@@ -176,10 +176,11 @@ def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
         "context_tokens"]
 
 
-def test_plot_moves_at_most_once_per_plot_interval(tmp_path: Path) -> None:
-    """Frames of a streamed answer, in process on a tiny engine: with a plot interval of 0 every
-    frame carries the step plot; with one longer than the answer only the first and the last
-    do, and the others leave it as it is (gr.skip()). The final plot has every step, and axes
+def test_panels_move_at_most_once_per_panel_interval(tmp_path: Path) -> None:
+    """Frames of a streamed answer, in process on a tiny engine: with a panel interval of 0
+    every frame carries the panels under the chat (tiles, step plot, tree, timing); with one
+    longer than the answer only the last does, and the others leave them as they are
+    (gr.skip()) while the chat moves in every frame. The final plot has every step, and axes
     that span at least 20 steps and 5 tokens, so that their ticks are whole numbers."""
     import gradio as gr
     import pandas as pd
@@ -188,23 +189,24 @@ def test_plot_moves_at_most_once_per_plot_interval(tmp_path: Path) -> None:
     from tests.helpers import tiny_engine
 
     engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)
-    at = app.OUTPUTS.index("plot")
-    plots = {}
+    panels = [app.OUTPUTS.index(n) for n in ("tiles", "plot", "tree", "timing")]
+    at, chat = app.OUTPUTS.index("plot"), app.OUTPUTS.index("chat")
+    frames = {}
     for interval in (0.0, 3600.0):
         pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0,
-                            plot_interval=interval)
-        frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
-                              0, False, "fp32", True))
-        plots[interval] = [f[at] for f in frames]
-        final = plots[interval][-1]
-        assert len(frames) > 3 and frames[-1][app.OUTPUTS.index("run")]["stats"][
-            "num_steps"] == len(final["value"])
+                            panel_interval=interval)
+        frames[interval] = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0,
+                                        1.0, 32, 0, False, "fp32", True))
+        final = frames[interval][-1][at]
+        assert len(frames[interval]) > 3 and frames[interval][-1][app.OUTPUTS.index("run")][
+            "stats"]["num_steps"] == len(final["value"])
         assert final["x_lim"] == [0, max(len(final["value"]), 20) + 1]
         assert final["y_lim"] == [0, max(final["value"]["accepted"].max(), 5)]
-    assert all(isinstance(p["value"], pd.DataFrame) for p in plots[0.0])
-    drawn = [p != gr.skip() for p in plots[3600.0]]
-    assert drawn[0] and drawn[-1] and not any(drawn[1:-1]), drawn
-    assert all(p == gr.skip() for p in plots[3600.0][1:-1])
+    assert all(isinstance(f[at]["value"], pd.DataFrame) for f in frames[0.0])
+    assert all(f[i] != gr.skip() for f in frames[0.0] for i in panels)
+    drawn = [[f[i] != gr.skip() for i in panels] for f in frames[3600.0]]
+    assert drawn[-1] == [True] * 4 and not any(map(any, drawn[:-1])), drawn
+    assert all(f[chat] != gr.skip() for f in frames[3600.0])
 
 
 def test_min_draft_probability_reaches_the_engine(tmp_path: Path) -> None:
