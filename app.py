@@ -243,9 +243,10 @@ class StopFlags:
 class Playground:
     """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
     a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
-    Both engines share the tokenizer and carry the same heads. With `max_batch` > 1 each
-    engine's requests go through its `Scheduler` (up to `max_batch` answered together);
-    with 1, each request runs alone through `engine.stream`."""
+    Both engines share the tokenizer and carry the same heads. Every request goes through a
+    `Scheduler`, the engine's one loop: with `max_batch` > 1 one per engine stepped on the
+    engine thread (up to `max_batch` answered together); with 1, the engine's own, stepped
+    by `engine.stream` on the engine thread."""
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
                  rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,

@@ -3,7 +3,7 @@ tree under the same budget) raise tau and speed?
 
     PYTHONPATH=. python benchmarks/context_drafts.py \
         --prompts ../shared/data/prompts/mtbench.jsonl --limit 20 [--max-new-tokens 128] \
-        [--trees "1,3,4"]
+        [--trees "k=1,s=3,n=4"]
 
 One process, the bundled q4 target and the default head, the tree `tune` measured fastest here
 (cached) plus any `--trees`: for every prompt, plain decoding, EAGLE-3 with context drafts off
@@ -80,13 +80,12 @@ def main() -> None:
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--trees", default="", help="more tree shapes 'topk,steps,tokens;...'")
+    p.add_argument("--trees", default="", help="more trees 'k=1,s=3,n=4;...' (TreeParams.parse)")
     p.add_argument("--groups", default="mtbench,code+rewrite", help="prompt groups to run")
     args = p.parse_args()
     engine = EagleEngine.load(EngineConfig())
     autotune.use_cached(engine, DEFAULT_HEAD)
-    shapes = [engine.default_tree] + [TreeParams(*map(int, t.split(",")))
-                                      for t in args.trees.split(";") if t]
+    shapes = [engine.default_tree] + [TreeParams.parse(t) for t in args.trees.split(";") if t]
     systems: list[TreeParams | None] = [None] + [replace(t, context_drafts=on)
                                                  for t in shapes for on in (False, True)]
     groups = {"mtbench": [row["turns"][0] for row in load_rows(args.prompts, args.limit)],

@@ -1,7 +1,7 @@
 """Would drafts from the context below the head's candidates raise tau?
 
     PYTHONPATH=. python benchmarks/context_under_candidates.py \
-        --prompts ../shared/data/prompts/mtbench.jsonl [--limit 80] [--tree 3,1,4,0.05]
+        --prompts ../shared/data/prompts/mtbench.jsonl [--limit 80] [--tree k=3,s=1,n=4,cut=0.05]
 
 The tree merges one chain from the context, the tokens that followed the longest earlier match
 of the conversation's suffix, hung below the root (`context_draft.py`, `tree.merge_context`).
@@ -81,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=Path, required=True, help="JSONL with a 'turns' list per row")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--tree", default="3,1,4,0.05", help="topk,steps,tokens[,min_score]")
+    ap.add_argument("--tree", default="k=3,s=1,n=4,cut=0.05", help="a tree, TreeParams.parse")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     engine = EagleEngine.load(EngineConfig(weights="q4"))

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eagle_engine.config import EngineConfig, SamplingParams, cpu_flags
+from eagle_engine.config import EngineConfig, SamplingParams
+from eagle_engine.hardware import cpu_flags
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.scheduler import Scheduler
 

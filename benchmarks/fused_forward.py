@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from eagle_engine.config import EngineConfig, cpu_flags
+from eagle_engine.config import EngineConfig
+from eagle_engine.hardware import cpu_flags
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kernels import cpu_lowbit
 

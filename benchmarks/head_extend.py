@@ -2,12 +2,12 @@
 Python steps?
 
     PYTHONPATH=. python benchmarks/head_extend.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 80] [--tree 2,1,3,0.05] [--steps extend] [--max-new-tokens 128]
+        [--limit 80] [--tree k=2,s=1,n=3,cut=0.05] [--steps extend] [--max-new-tokens 128]
 
 One process, the bundled q4 target: plain decoding, the default head (its extend one C++ call,
 `FusedDecoder.extend`, and its draft past the first level one too, `FusedDecoder.draft`) and a
 second copy of it that runs the phases named by `--steps` as their Python steps (`extend`:
-`accept.extend_steps`; `draft`: `draft.draft`'s loop over `decode_children` and `expand`, which
+`accept.extend_rows`; `draft`: `draft.draft_levels`, which
 only trees of two or more steps run), through `bench.run_modes` (conversations, the order rotated
 per question, greedy answers compared with plain decoding). Both forms give the same bits, so
 tau is equal and every answer identical; only the speed differs. Prints `bench`'s figures per
@@ -31,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=Path, required=True, help="JSONL with a 'turns' list per row")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--tree", default="2,1,3,0.05", help="topk,steps,tokens[,min_score]")
+    ap.add_argument("--tree", default="k=2,s=1,n=3,cut=0.05", help="a tree, TreeParams.parse")
     ap.add_argument("--steps", default="extend",
                     help="comma-separated phases the copy runs as Python steps: extend, draft")
     ap.add_argument("--max-new-tokens", type=int, default=128)

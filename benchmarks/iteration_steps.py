@@ -24,12 +24,14 @@ from collections import Counter
 from collections.abc import Callable
 
 import eagle_engine.accept as accept_mod
-import eagle_engine.engine as engine_mod
+import eagle_engine.run as run_mod
 import eagle_engine.sampling as sampling_mod
 from eagle_engine.bench import parse_sweep
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.cuda_graph import EAGER_PHASES
-from eagle_engine.engine import DEFAULT_HEAD, EagleEngine, Run
+from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
+from eagle_engine.run import Run
+from eagle_engine.scheduler import Scheduler
 from eagle_engine.models.cpu_lowbit import FusedDecoder, LowBitLinear
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
@@ -53,13 +55,14 @@ def install() -> None:
     """Wrap the steps (class attributes, module functions as the engine imported them, the
     eager phases)."""
     for owner, name, label in [
-            (Run, "_iteration", "iteration"), (Run, "tree_input", "tree (+ the context's chain)"),
+            (Scheduler, "_iterate", "iteration"),
+            (Run, "tree_input", "tree (+ the context's chain)"),
             (Run, "accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
-            (Run, "iteration_event", "event"), (engine_mod, "read_back", "packed read"),
+            (Run, "iteration_event", "event"),
             (accept_mod, "draft_input_after", "head top-k"),
             (FusedDecoder, "extend", "head extend, one C++ call"),
             (FusedDecoder, "draft", "head draft step, one C++ call"),
-            (engine_mod, "sampled_acceptance", "sampled acceptance"),
+            (run_mod, "sampled_acceptance", "sampled acceptance"),
             (sampling_mod, "target_probs", "sampling distribution"),
             (sampling_mod, "sample_from", "sampling draw")]:
         setattr(owner, name, timed(getattr(owner, name), lambda *a, lab=label: lab))
@@ -96,7 +99,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", required=True, help="JSONL with a 'turns' list per row")
     p.add_argument("--limit", type=int, default=4)
-    p.add_argument("--tree", default="2,1,3", help="topk,steps,tokens[,min_score]")
+    p.add_argument("--tree", default="k=2,s=1,n=3", help="a tree, TreeParams.parse")
     p.add_argument("--weights", default="q4")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")

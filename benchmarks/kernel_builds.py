@@ -1,7 +1,7 @@
 """Does a build of the q4 CPU kernels with other compiler flags decode faster or slower, end to end?
 
     PYTHONPATH=. python benchmarks/kernel_builds.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        --compare-flags=-DLOWBIT_IN_ORDER=0 [--limit 80] [--sweep "3,1,4,0.05;2,1,3,0.05"] \
+        --compare-flags=-DLOWBIT_IN_ORDER=0 [--limit 80] [--sweep "k=3,s=1,n=4,cut=0.05;k=2,s=1,n=3,cut=0.05"] \
         [--max-new-tokens 128]
 
 One process, the bundled q4 target and the default head: plain decoding and each tree of
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--compare-flags", required=True,
                     help="space-separated compiler flags of the second build")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--sweep", default="3,1,4,0.05", help="trees: topk,steps,tokens[,min_score];...")
+    ap.add_argument("--sweep", default="k=3,s=1,n=4,cut=0.05", help="trees, TreeParams.parse;...")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     engine = EagleEngine.load(EngineConfig(weights="q4"))

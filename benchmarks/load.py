@@ -36,6 +36,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from eagle_engine.config import TreeParams
+
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "mtbench.jsonl"
 CHAT_OUT = {"chat": 1, "status": 2, "run": 8}  # indices of /chat's outputs (tests/test_app_api)
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds per server, alternating")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=4, help="the scheduler's --max-batch")
-    p.add_argument("--tree", default="1,1,2", help="topk,num_steps,num_draft_tokens")
+    p.add_argument("--tree", default="k=1,s=1,n=2", help="the tree's k, s and n (TreeParams.parse)")
     p.add_argument("--turns", type=int, default=5, help="the lone conversation's turns")
     p.add_argument("--memory-answers", type=int, default=48,
                    help="further answers on the scheduler, RSS after each round")
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--visitors must be in [1, 32], --questions in [1, 4], --rounds in "
                          "[1, 4]")
     deadline = time.perf_counter() + args.max_seconds
-    tree = tuple(int(v) for v in args.tree.split(","))
+    parsed = TreeParams.parse(args.tree)
+    tree = (parsed.topk, parsed.num_steps, parsed.num_draft_tokens)  # the app's sliders
     rows = [json.loads(line)["turns"] for line in PROMPTS.read_text().splitlines()
             ] if PROMPTS.is_file() else FALLBACK
     log_dir = Path(os.environ.get("TMPDIR", "/tmp"))

@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 
-from eagle_engine.config import cpu_flags
+from eagle_engine.hardware import cpu_flags
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.models.cpu_lowbit import quantize_q4, quantize_q8
 

@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from eagle_engine import autotune
-from eagle_engine.config import EngineConfig, SamplingParams, cpu_flags, cpu_model, native_bf16
+from eagle_engine.config import EngineConfig, SamplingParams
+from eagle_engine.hardware import cpu_flags, cpu_model, native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.models.loader import bundled_gguf_path
 

@@ -1,7 +1,7 @@
 """Is the tree budget where speed is lost? Draft calibration and tree budgets replayed, one process.
 
     PYTHONPATH=. python benchmarks/tree_budget.py --prompts ../shared/data/prompts/mtbench.jsonl \
-        [--limit 10] [--max-new-tokens 128] [--head eagle3-aux-1layer] [--tree 4,3,16] [--json OUT]
+        [--limit 10] [--max-new-tokens 128] [--head eagle3-aux-1layer] [--tree k=4,s=3,n=16] [--json OUT]
 
 Runs the first turn of `--limit` prompts greedily with the largest tree (`--tree`), keeping every
 verified tree: each node's draft path probability (`TreeNode.score`) and whether the target
@@ -109,12 +109,12 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--head", default=DEFAULT_HEAD)
-    p.add_argument("--tree", default="4,3,16", help="topk,steps,draft tokens of the run")
+    p.add_argument("--tree", default="k=4,s=3,n=16", help="the run's tree (TreeParams.parse)")
     p.add_argument("--default-budget", type=int, default=TreeParams().num_draft_tokens)
     p.add_argument("--context", type=int, default=400)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    tree = TreeParams(*(int(x) for x in args.tree.split(",")))
+    tree = TreeParams.parse(args.tree)
     engine = EagleEngine.load(EngineConfig())
     trees, iteration_ms = collect_trees(engine, load_rows(args.prompts, args.limit), args.head,
                                         tree, args.max_new_tokens)

@@ -20,8 +20,8 @@ import json
 import torch
 
 from eagle_engine.bench import interleaved_medians, target_forward
-from eagle_engine.config import EngineConfig, SamplingParams, native_bf16
-from eagle_engine.config import cpu_flags
+from eagle_engine.config import EngineConfig, SamplingParams
+from eagle_engine.hardware import cpu_flags, native_bf16
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
 

@@ -4,9 +4,10 @@
 (rejected rows stay behind as garbage past the committed length; nothing else moves), on the
 device. `read_back` is the iteration's one host sync: a single packed copy of the emitted
 tokens, the accepted path and, when tracing, the verified tree. `extend_input` pairs the
-accepted tokens with the target features before them, and `extend` runs the draft over them
-(one C++ call for a head of q8 codes on a CPU, `extend_steps` elsewhere), which rewrites the
-draft cache rows that drafting used as scratch, and yields the next `EagleDraftInput`. Not here:
+accepted tokens with the target features before them, and `extend_rows` (the one definition,
+over the requests of one head) runs the draft over them, which rewrites the draft cache rows
+that drafting used as scratch, and yields the next `EagleDraftInput`; `extend` is one request's,
+a single C++ call for a head of q8 codes on a CPU. Not here:
 acceptance rules (`verify.py`).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
 from .kv_cache import KVCache, causal_mask
+from .models.batched import SeqRows, draft_forward
 from .models.draft_model import Eagle3Draft
 
 
@@ -71,27 +73,31 @@ def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: i
 @torch.inference_mode()
 def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
            topk: int) -> EagleDraftInput:
-    """Write draft KV for positions [seq_len, seq_len+T) and take top-k after the last one: one
-    C++ call for a q8 head on a CPU (`FusedDecoder.extend`), else `extend_steps`."""
+    """One request's extend: `extend_rows` of it alone, or, for a q8 head on a CPU, one C++ call
+    (`FusedDecoder.extend`, the same bits: tests/test_cpu_lowbit.py)."""
     fused = model.fused
     if fused is None or not fused.extends:
-        return extend_steps(model, ext, cache, topk)
+        return extend_rows(model, [ext], [cache], [topk])[0]
     topk_p, topk_ids, hidden = fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
                                             cache.data, topk)
     return EagleDraftInput(topk_p=topk_p, topk_ids=topk_ids, hidden=hidden,
                            root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())
 
 
-def extend_steps(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
-                 topk: int) -> EagleDraftInput:
-    """`extend` as the head's forward and `draft_input_after`, on any device."""
-    T = ext.tokens.numel()
-    dev = ext.tokens.device
-    positions = torch.arange(ext.seq_len, ext.seq_len + T, device=dev)[None]
-    mask = causal_mask(T, ext.seq_len, dev)
-    logits, hidden = model(ext.tokens[None], ext.hidden[None], positions, cache, ext.seq_len,
-                           mask, from_target=True, last_only=True)
-    return draft_input_after(model, ext, logits[0, -1], hidden[0, -1], topk)
+@torch.inference_mode()
+def extend_rows(model: Eagle3Draft, exts: list[EagleDraftExtendInput], caches: list[KVCache],
+                topks: list[int]) -> list[EagleDraftInput]:
+    """The draft extend of every request of one head in one forward (`models/batched.py`):
+    request i writes draft KV rows [seq_len, seq_len + T_i) causally and takes its top-k
+    after its last row (`draft_input_after`)."""
+    rows = []
+    for ext, cache in zip(exts, caches):
+        T, dev = ext.tokens.numel(), ext.tokens.device
+        rows.append(SeqRows(ext.tokens, torch.arange(ext.seq_len, ext.seq_len + T, device=dev),
+                            cache, ext.seq_len, causal_mask(T, ext.seq_len, dev)[0], ext.hidden))
+    outs = draft_forward(model, rows, from_target=True, last_only=True)
+    return [draft_input_after(model, ext, logits[0, -1], hidden[0, -1], k)
+            for ext, (logits, hidden), k in zip(exts, outs, topks)]
 
 
 def draft_input_after(model: Eagle3Draft, ext: EagleDraftExtendInput, logits: torch.Tensor,

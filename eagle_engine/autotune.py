@@ -36,15 +36,15 @@ from pathlib import Path
 
 import torch
 
-from .config import (CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams,
-                     cache_root, cpu_flags, cpu_model)
+from .config import CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams
 from .engine import head_source
+from .hardware import cache_root, cpu_flags, cpu_model
 from .kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 5  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
-# 4: trees carry their context_extra; 5: and their step_cut
+VERSION = 6  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
+# 4: trees carry their context_extra; 5: and their step_cut; 6: trees as named fields
 CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
     ("Write a short Python function that reverses a string, and explain it.",
      "Now add a docstring and one test for it."),
@@ -68,25 +68,11 @@ NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds t
 # at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 
-Shape = tuple[int, int, int, float, int, float]
-
-
-def astuple(tree: TreeParams) -> Shape:
-    """(topk, steps, tokens, min_score, context_extra, step_cut): a tree as `CANDIDATES` and
-    the cache hold it."""
-    return (tree.topk, tree.num_steps, tree.num_draft_tokens, tree.min_score,
-            tree.context_extra, tree.step_cut)
-
-
-def fromtuple(shape: Shape) -> TreeParams:
-    k, s, n, cut, extra, step_cut = shape
-    return TreeParams(k, s, n, min_score=cut, context_extra=extra, step_cut=step_cut)
-
-
-CANDIDATES = {  # per weights label, `astuple`s; the static defaults first
-    "q4": (astuple(Q4_TREE), (3, 1, 4, 0.05, 8, 0.0), (2, 1, 3, 0.05, 8, 0.0),
-           (1, 1, 2, 0.0, 8, 0.0), (2, 2, 5, 0.1, 8, 0.5), (3, 3, 5, 0.1, 8, 0.4)),
-    "dense": (astuple(TreeParams()), (4, 3, 6, 0.0, 0, 0.0), (2, 3, 4, 0.0, 0, 0.0)),
+CANDIDATES = {  # per weights label; the static defaults first
+    "q4": (Q4_TREE, *(TreeParams.parse(t) for t in (
+        "k=3,s=1,n=4,cut=0.05,extra=8", "k=2,s=1,n=3,cut=0.05,extra=8", "k=1,s=1,n=2,extra=8",
+        "k=2,s=2,n=5,cut=0.1,extra=8,step=0.5", "k=3,s=3,n=5,cut=0.1,extra=8,step=0.4"))),
+    "dense": (TreeParams(), TreeParams.parse("k=4,s=3,n=6"), TreeParams.parse("k=2,s=3,n=4")),
 }
 
 
@@ -108,7 +94,7 @@ class Measured:
     weights: str
     plain_tok_s: float
     tree_tok_s: dict[str, float] = field(default_factory=dict)
-    trees: dict[str, Shape] = field(default_factory=dict)
+    trees: dict[str, str] = field(default_factory=dict)  # label -> `TreeParams.spec`
     incorrect: list[str] = field(default_factory=list)
     chosen: str | None = None
 
@@ -116,7 +102,7 @@ class Measured:
         """The chosen tree, or None when no tree was correct."""
         if self.chosen is None:
             return None
-        return fromtuple(self.trees[self.chosen])
+        return TreeParams.parse(self.trees[self.chosen])
 
     def best_tok_s(self) -> float:
         """The speed of this weight format: plain decoding's or the chosen tree's."""
@@ -168,7 +154,7 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
                       cpu_flags(), source_digest(),
                       config.target, config.device, head_digest(head), torch.get_num_threads(),
-                      CANDIDATES, CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z,
+                      {w: [t.spec() for t in c] for w, c in CANDIDATES.items()}, CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z,
                       CONTEXT_DRAFTS, CHAIN_SURE])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -180,7 +166,7 @@ def cached(engines: list, head: str | None) -> Tuned | None:
     if not path.exists():
         return None
     raw = json.loads(path.read_text())
-    measured = {k: Measured(**{**v, "trees": {t: tuple(s) for t, s in v["trees"].items()}})
+    measured = {k: Measured(**v)
                 for k, v in raw["measured"].items()}
     if any(e.config.weights_label not in measured for e in engines):
         return None
@@ -262,7 +248,7 @@ def measure(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 -
     chosen = choose(tree_label(engine.config.default_tree), correct) if correct else None
     return Measured(engine.config.weights_label, mean_rate(plain),
                     {t: mean_rate(v) for t, v in correct.items()},
-                    {tree_label(t): astuple(t) for t in trees}, wrong, chosen)
+                    {tree_label(t): t.spec() for t in trees}, wrong, chosen)
 
 
 def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
@@ -285,7 +271,7 @@ def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
     if head:  # stage 2: the candidate trees of the fastest format
         engine = next(e for e in engines if e.config.weights_label == order[0])
         family = "q4" if engine.config.weights == "q4" else "dense"
-        trees = [fromtuple(shape) for shape in CANDIDATES[family]]
+        trees = list(CANDIDATES[family])
         measured[order[0]] = m = measure(engine, head, trees, conversation_prompts(engine), ROUNDS)
         log.info("  %s trees: %s (plain %.1f tok/s); chosen: %s", order[0], m.tree_tok_s,
                  m.plain_tok_s, m.chosen)

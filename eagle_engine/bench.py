@@ -24,7 +24,7 @@ import torch
 
 from . import autotune
 from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
-from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
+from .config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
 
 
@@ -81,31 +81,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-SWEEP_FORMAT = "'topk,steps,tokens[,min_score[,context_extra[,step_cut]]][,ctx|noctx];...'"
+SWEEP_FORMAT = TREE_FORMAT[:-1] + ";...'"
 
 
 def parse_sweep(text: str, context_drafts: bool = CONTEXT_DRAFTS) -> list[TreeParams]:
-    """'4,3,8;2,1,3,0.1;2,1,3,0.1,8;3,2,5,0.1,8,0.5;2,1,3,0.1,noctx' -> trees (a fourth number
-    is the tree's min_score, a fifth its context_extra, a sixth its step_cut, else 0; a last
-    `ctx` or `noctx` turns its drafts from the context on or off, else `context_drafts`), so
-    one run can compare a tree with and without them."""
-    try:
-        trees = []
-        for part in text.split(";"):
-            shape = part.split(",")
-            ctx = context_drafts
-            if shape[-1].strip() in ("ctx", "noctx"):
-                ctx = shape.pop().strip() == "ctx"
-            if len(shape) not in (3, 4, 5, 6):
-                raise ValueError(f"{part!r} has {len(shape)} numbers")
-            score = float(shape[3]) if len(shape) >= 4 else 0.0
-            extra = int(shape[4]) if len(shape) >= 5 else 0
-            cut = float(shape[5]) if len(shape) == 6 else 0.0
-            trees.append(TreeParams(*(int(x) for x in shape[:3]), min_score=score,
-                                    context_drafts=ctx, context_extra=extra, step_cut=cut))
-        return trees
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"--sweep expects {SWEEP_FORMAT}, got {text!r} ({e})") from e
+    """'k=4,s=3,n=8;k=2,s=1,n=3,cut=0.1,ctx=off' -> trees (`TreeParams.parse`; a tree that
+    does not name `ctx` takes `context_drafts`), so one run can compare trees."""
+    base = TreeParams(context_drafts=context_drafts)
+    return [TreeParams.parse(part, base) for part in text.split(";") if part.strip()]
 
 
 def load_rows(path: Path, limit: int | None) -> list[dict]:

@@ -9,22 +9,14 @@ or any I/O besides parsing a config dict. Widths of hidden-state buffers are ans
 from __future__ import annotations
 
 import math
-import os
-import platform
-import shutil
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import hardware
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def cache_root() -> Path:
-    """Where converted targets and built kernels are kept between starts."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "eagle_engine"
 
 
 class ConfigError(ValueError):
@@ -39,55 +31,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
-def native_bf16(device: str) -> bool:
-    """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
-    without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
-    cost ~9x one token in bf16, ~2x in fp32; docs/results.md, section 4)."""
-    if device.startswith("cuda"):
-        return True
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 def resolve_dtype(name: str, device: str) -> str:
     """'auto' -> 'bf16' where bf16 is native (`native_bf16`), else 'fp32'; other names checked."""
     if name == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
+        return "bf16" if hardware.native_bf16(device) else "fp32"
     parse_dtype(name)
     return name
 
 
 WEIGHTS = ("auto", "q4", "dense")
-
-
-def compiler_available() -> bool:
-    """A C++ compiler is on the PATH: the q4 CPU kernels are built with it at first use."""
-    return shutil.which("c++") is not None or shutil.which("g++") is not None
-
-
-CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-             "avx512_bf16", "amx_bf16")
-LOWBIT_CPU_FLAGS = ("avx2", "fma", "f16c")  # what the q4 / q8 kernels need
-
-
-def cpu_flags() -> tuple[str, ...]:
-    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    present = set(line.split(":", 1)[-1].split())
-    return tuple(f for f in CPU_FLAGS if f in present)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (`platform.machine()` off Linux)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.machine())
 
 
 def gguf_target(target: str) -> bool:
@@ -105,8 +57,8 @@ def resolve_weights(weights: str, target: str, device: str, dtype: str) -> str:
     cpu = torch.device(device).type == "cpu"
     if weights == "auto":
         fp32 = dtype in ("auto", "fp32")
-        simd = set(LOWBIT_CPU_FLAGS) <= set(cpu_flags())
-        return ("q4" if cpu and gguf_target(target) and fp32 and simd and compiler_available()
+        simd = set(hardware.LOWBIT_CPU_FLAGS) <= set(hardware.cpu_flags())
+        return ("q4" if cpu and gguf_target(target) and fp32 and simd and hardware.compiler_available()
                 else "dense")
     if weights == "q4" and not cpu:
         raise ConfigError(f"q4 target weights are a CPU path; device is {device!r}")
@@ -400,6 +352,12 @@ CONTEXT_DRAFTS = True
 CHAIN_SURE = 0.3
 
 
+# the short names of a tree's fields, in `TreeParams.spec`'s order
+TREE_NAMES = {"k": "topk", "s": "num_steps", "n": "num_draft_tokens", "cut": "min_score",
+              "extra": "context_extra", "step": "step_cut", "ctx": "context_drafts"}
+TREE_FORMAT = "'k=4,s=3,n=8[,cut=0.1][,extra=8][,step=0.5][,ctx=on|off]'"
+
+
 @dataclass(frozen=True)
 class TreeParams:
     """EAGLE-2 dynamic tree shape: `num_steps` draft levels, `topk` branching, `num_draft_tokens`
@@ -451,6 +409,41 @@ class TreeParams:
                 f"num_draft_tokens={self.num_draft_tokens} exceeds what topk={self.topk}, "
                 f"num_steps={self.num_steps} can hold: at most {self.capacity + 1} "
                 f"(root + topk + (num_steps-1)*topk^2)")
+
+    @classmethod
+    def parse(cls, text: str, base: TreeParams | None = None) -> TreeParams:
+        """A tree from named fields, 'k=3,s=2,n=5,cut=0.1,extra=8,step=0.5,ctx=on': the short
+        names of `TREE_NAMES` or the field names, in any order; fields not named keep `base`'s
+        (default: `TreeParams()`)."""
+        values: dict[str, object] = {}
+        for item in text.split(","):
+            name, eq, value = item.partition("=")
+            name, value = name.strip(), value.strip()
+            field_name = TREE_NAMES.get(name, name)
+            if not eq or field_name not in TREE_NAMES.values():
+                raise ConfigError(f"a tree is named fields {TREE_FORMAT}; {item.strip()!r} in "
+                                  f"{text!r} is not one")
+            if field_name in values:
+                raise ConfigError(f"{name!r} is named twice in the tree {text!r}")
+            kind = type(getattr(base or cls(), field_name))
+            try:
+                if kind is bool:
+                    if value not in ("on", "off", "1", "0", "true", "false"):
+                        raise ValueError(f"expected on or off, got {value!r}")
+                    values[field_name] = value in ("on", "1", "true")
+                else:
+                    values[field_name] = kind(value)
+            except ValueError as e:
+                raise ConfigError(f"{name}={value!r} in the tree {text!r}: {e}") from e
+        return replace(base or cls(), **values)
+
+    def spec(self) -> str:
+        """The tree as `parse` reads it, every field named."""
+        parts = []
+        for short, name in TREE_NAMES.items():
+            v = getattr(self, name)
+            parts.append(f"{short}={('on' if v else 'off') if isinstance(v, bool) else f'{v:g}'}")
+        return ",".join(parts)
 
     @property
     def capacity(self) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .accept import extend
-from .config import EngineConfig, TreeParams
+from .config import TreeParams
 from .draft import Frontier, draft, expand, join, top_children
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from .kernels import reference
@@ -418,15 +418,15 @@ class GraphPhases:
 
 
 def phases_for(target: TargetModel, target_cache: KVCache, draft_model: Eagle3Draft | None,
-               tree: TreeParams, config: EngineConfig) -> Phases:
-    """What a request with this head and tree runs: eager functions on CPU or with graphs off;
-    otherwise runners captured now (after loading, so the draft's embedding and lm_head are
-    bound to their final weights). A failed capture falls back to eager with a warning."""
-    mode = graph_mode(config.cuda_graphs, target.device)
+               tree: TreeParams, mode: GraphMode, max_len: int) -> Phases:
+    """What a request with this head and tree writing `target_cache` runs in `mode`: the eager
+    functions, or runners built on that cache (captured now with GRAPHS, after loading, so the
+    draft's embedding and lm_head are bound to their final weights). A failed capture falls
+    back to eager with a warning."""
     if mode is GraphMode.EAGER:
         return EAGER_PHASES
     phases = GraphPhases(target, target_cache, draft_model, tree,
-                         config.max_len + tree.topk * tree.num_steps)  # scratch rows past max_len
+                         max_len + tree.topk * tree.num_steps)  # scratch rows past max_len
     if mode is GraphMode.GRAPHS:
         try:
             phases.capture()

@@ -1,12 +1,13 @@
 """Draft phase: `num_steps` levels of top-k expansion with cumulative path scores (EAGLE-2
 dynamic tree), each decode step attending to the committed draft cache plus the exact ancestry
 of every frontier node. Scratch KV rows live past the committed length and are overwritten by
-the next draft extend. `Frontier`, `top_children` and `expand` are the expansion rule itself,
-shared with the static-shape (CUDA-graph) draft in `cuda_graph.py` and the batched draft in
-`batch_phases.py`. A q8 head on a CPU runs each decode step (its forward and `top_children`) as
-one C++ call (`FusedDecoder.draft`); `decode_children` is those steps in Python. With a
-`step_cut`, the levels stop once the frontier's best path is below it (`goes_on`). Not here:
-choosing the final `num_draft_tokens` (`tree.py`).
+the next draft extend. `draft_levels` is the one definition, over the requests of one head;
+`Frontier`, `top_children` and `expand` are the expansion rule, shared with the static-shape
+(CUDA-graph) draft in `cuda_graph.py`. Two faster implementations of the same function are
+checked against it: that static draft (tests/test_cuda_graph.py) and, for a q8 head on a CPU,
+one C++ call for a request's whole draft (`FusedDecoder.draft`, tests/test_cpu_lowbit.py).
+With a `step_cut`, the levels stop once the frontier's best path is below it (`goes_on`).
+Not here: choosing the final `num_draft_tokens` (`tree.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from .config import TreeParams
 from .io_struct import DraftTree, EagleDraftInput
 from .kv_cache import KVCache
+from .models.batched import SeqRows, draft_forward
 from .models.draft_model import Eagle3Draft
 
 
@@ -72,21 +74,6 @@ def expand(front: Frontier, child_p: torch.Tensor, child_ids: torch.Tensor,
     return nxt, level
 
 
-def decode_children(model: Eagle3Draft, front: Frontier, position: int, start: int,
-                    mask: torch.Tensor, cache: KVCache
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One draft decode step over the frontier as the head's forward and `top_children`, on any
-    device: its K nodes at `position`, written to cache rows [start, start + K), seeing what
-    mask [K, start + K] allows -> (children's probabilities [K, K], target ids [K, K], hidden
-    [K, Hd]). A q8 head on a CPU runs it inside one C++ call for the whole draft
-    (`FusedDecoder.draft`), same bits."""
-    K = front.ids.numel()
-    positions = torch.full((1, K), position, device=front.ids.device)
-    logits, h = model(front.ids[None], front.hidden[None], positions, cache, start, mask[None],
-                      from_target=False)
-    return *top_children(logits[0], K, model.target_ids), h[0]
-
-
 def goes_on(front: Frontier, tree: TreeParams) -> bool:
     """Whether the next draft decode step runs: always without a `step_cut`; with one, while the
     frontier's best path scores at least the cut (every child it adds scores at most that path).
@@ -103,24 +90,47 @@ def join(levels: list[DraftTree]) -> DraftTree:
 @torch.inference_mode()
 def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
           tree: TreeParams) -> DraftTree:
-    K, S, seq = tree.topk, tree.num_steps, inp.seq_len
+    """One request's draft: `draft_levels` of it alone, or, for a q8 head on a CPU, the same
+    levels as one C++ call (`FusedDecoder.draft`, the same bits: tests/test_cpu_lowbit.py)."""
     fused = model.fused
-    if S > 1 and fused is not None and fused.drafts:
-        return DraftTree(*fused.draft(model, inp.topk_p, inp.topk_ids, inp.hidden, seq, S,
-                                      cache.data, tree.step_cut))
-    front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
-    if S == 1:  # the extend's top-k is the whole draft
-        return first
-    levels = [first]
-    dev = inp.topk_ids.device
-    eye = torch.eye(K, dtype=torch.bool, device=dev)
-    prefix = torch.ones(K, seq, dtype=torch.bool, device=dev)
-    for step in range(S - 1):
-        if not goes_on(front, tree):
+    if tree.num_steps > 1 and fused is not None and fused.drafts:
+        return DraftTree(*fused.draft(model, inp.topk_p, inp.topk_ids, inp.hidden, inp.seq_len,
+                                      tree.num_steps, cache.data, tree.step_cut))
+    return draft_levels(model, [inp], [cache], [tree])[0]
+
+
+@torch.inference_mode()
+def draft_levels(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[KVCache],
+                 trees: list[TreeParams]) -> list[DraftTree]:
+    """The draft of every request of one head, level by level: level 1 is the extend's top-k;
+    each further level is one draft forward over every request's frontier (its K nodes at
+    position seq_len + level - 1, written to scratch rows past its committed length, seeing its
+    committed rows and its own ancestry) and `expand`. A request drops out after its
+    `num_steps` levels, or once its `step_cut` stops it (`goes_on`). The forward is batched
+    over the requests (`models/batched.py`): each gets the numbers it gets alone."""
+    fronts, levels, prefixes = [], [], []
+    for inp, tree in zip(states, trees):
+        K = tree.topk
+        front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
+        fronts.append(front)
+        levels.append([first])
+        prefixes.append(torch.ones(K, inp.seq_len, dtype=torch.bool, device=inp.hidden.device))
+    live = list(range(len(trees)))
+    for step in range(max(t.num_steps for t in trees) - 1):
+        live = [i for i in live if step < trees[i].num_steps - 1 and goes_on(fronts[i], trees[i])]
+        if not live:
             break
-        start = seq + step * K  # the scratch rows of this level's nodes
-        mask = torch.cat([prefix, front.ancestry, eye], dim=1)  # [K, start + K]
-        front, level = expand(front, *decode_children(model, front, seq + step, start, mask,
-                                                      cache))
-        levels.append(level)
-    return join(levels)
+        rows = []
+        for i in live:
+            K, seq, front = trees[i].topk, states[i].seq_len, fronts[i]
+            eye = torch.eye(K, dtype=torch.bool, device=front.ids.device)
+            mask = torch.cat([prefixes[i], front.ancestry, eye], dim=1)  # [K, seq+(step+1)K]
+            positions = torch.full((K,), seq + step, device=front.ids.device)
+            rows.append(SeqRows(front.ids, positions, caches[i], seq + step * K, mask,
+                                front.hidden))
+        for i, (logits, h) in zip(live, draft_forward(model, rows, from_target=False)):
+            K = trees[i].topk
+            fronts[i], level = expand(fronts[i], *top_children(logits[0], K, model.target_ids),
+                                      h[0])
+            levels[i].append(level)
+    return [join(lv) for lv in levels]

@@ -1,9 +1,13 @@
-"""The scheduler: steps up to `EngineConfig.max_batch` requests together, EAGLE-3 and plain
-ones alike, so a visitor's answer no longer waits for the answers queued before it.
+"""The scheduler: the engine's one loop. It steps up to `EngineConfig.max_batch` requests
+together, EAGLE-3 and plain ones alike, so a visitor's answer does not wait for the answers
+queued before it; a single request (`EagleEngine.stream`, the CLI, `bench`, `tune`,
+`selfcheck`) is a batch of one.
 
 One `step`:
 
     leave    cancelled requests leave (their committed rows go to the prefix cache)
+    prompts  each EAGLE-3 request admitted in the last step reads its prompt, alone, now that
+             its first token is out: the context's suffix index and its head's draft extend
     admit    waiting requests join while there is room: each prefills alone (restoring what the
              prefix cache holds of its prompt)
     context  a request whose next step would pass the context window ends ("context")
@@ -18,11 +22,16 @@ One `step`:
     extend   per head, one draft forward over every continuing request's accepted tokens
     emit     an event per request (`StepEvent.batch`: how many requests shared the step);
              finished requests leave, leaving their rows in the prefix cache
-    prompts  each EAGLE-3 request admitted in this step reads its prompt, alone, now that its
-             first token is out: the context's suffix index and its head's draft extend
 
-Requests join and leave only between steps. Each owns its caches, sized to what it can use
-(its prompt, `max_new_tokens` and its tree, at most the context window), and the batched
+Which forward a phase runs: a request alone in its phase, and every request under CUDA graphs,
+runs its own phase callables (`EagleEngine.phases`: a graph replay on CUDA, the eager function
+elsewhere, one C++ call for a q8 head's draft or extend on a CPU); several requests without
+graphs share one batched eager forward per phase (`draft.draft_levels`,
+`batch_phases.target_many`, `accept.extend_rows`).
+Requests join and leave only between steps. With eager phases each owns its caches, sized to
+what it can use (its prompt, `max_new_tokens` and its tree, at most the context window); under
+CUDA graphs, which bake cache addresses in, each takes a slot: a context-window cache made once
+and kept, with the phases captured on it per head and tree. The batched
 forwards (`batch_phases.py`, `models/batched.py`) give every request the numbers it gets alone:
 greedy output equals the request run alone, and a sampled request draws the same coins from its
 own generator, so sampling stays lossless (and reproducible under a seed). A request whose
@@ -33,7 +42,7 @@ for each request in it, and, as the scheduler never waits for a caller, the time
 frames take on the same cores is in it too.
 Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on one engine
 thread: the `executor` given (the app's `EngineThread`), or the caller of `step` /
-`run_until_idle`. Without CUDA graphs: the batched phases run eagerly.
+`run_until_idle`, as `EagleEngine.stream` does.
 Not here: the phases' math (`batch_phases.py`, draft/tree/verify/accept) or the UI.
 """
 from __future__ import annotations
@@ -43,21 +52,29 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .accept import parse_readback, readback_parts
-from .batch_phases import decode_rows, draft_many, extend_many, target_many, tree_rows
+from .accept import extend_rows
+from .batch_phases import decode_rows, target_many, tree_rows
+from .draft import draft_levels
 from .config import ConfigError, SamplingParams, TreeParams
-from .engine import EagleEngine, Run
+from .cuda_graph import GraphMode, Phases
 from .events import StepEvent
-from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
+from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
+from .kv_cache import KVCache
+from .run import Run
 from .sampling import next_token
 from .verify import TreeLogits
+
+if TYPE_CHECKING:
+    from .engine import EagleEngine
 
 log = logging.getLogger(__name__)
 _END = object()  # a handle's last queue item after a clean end
@@ -70,15 +87,30 @@ class Handle:
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()
+        self.run: Run | None = None  # set at admission
 
     def events(self) -> Iterator[StepEvent]:
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        """The events as the scheduler's executor steps them (blocks between them)."""
+        while (ev := self.next_event()) is not None:
+            yield ev
+
+    def next_event(self, step: Callable[[], None] | None = None) -> StepEvent | None:
+        """The next event, None after a clean end (raises the error that ended the request).
+        With `step` (the scheduler's, on the caller's thread), steps until one is there."""
+        while step is not None and self._queue.empty():
+            step()
+        item = self._queue.get()
+        if item is _END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def hold(self, seconds: float) -> None:
+        """The caller held the last event `seconds`: not the engine's time (stepped on the
+        caller's thread, the request waited for it)."""
+        if self.run is not None:
+            self.run.t_start += seconds
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -101,17 +133,27 @@ class _Pending:
     trace: bool
 
 
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """A context-window target cache kept for CUDA graphs, and the phases captured on it."""
+
+    cache: KVCache
+    phases: dict[tuple[str | None, TreeParams | None], Phases] = field(default_factory=dict)
+
+
 @dataclass(slots=True, eq=False)  # compared by identity
 class _Active:
     """A running request: its `Run` and where its decoding stands."""
 
     handle: Handle
     run: Run
+    slot: _Slot | None  # under CUDA graphs: the slot its cache is, returned when it leaves
     seq_len: int  # committed target rows
     state: EagleDraftInput | None = None  # EAGLE-3: the next draft's input
     token: torch.Tensor | None = None  # plain decoding: the last token [1], not yet in the cache
     root: torch.Tensor | None = None  # admitted this step: its first token [1], not yet read
-    ext: EagleDraftExtendInput | None = None  # admitted this step: its head's prompt extend
+    ext: EagleDraftExtendInput | None = None  # admitted: its head's prompt extend, not yet run
+    ended: bool = False  # ended at its first token, leaves once its prompt is read
 
 
 @dataclass(slots=True, eq=False)
@@ -145,6 +187,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting: deque[_Pending] = deque()
         self._active: list[_Active] = []
+        self._free: list[_Slot] = []  # slots made and not leased (CUDA graphs)
         self._ticking = False  # a `_tick` is queued on the executor or running
         self.steps = 0
 
@@ -173,16 +216,8 @@ class Scheduler:
     # ----- the engine thread -----
     def _tick(self) -> None:
         """One step, then queue the next while there is work (other work queued on the same
-        executor runs in between). An error outside a step's shared phases (those fail only
-        their requests) ends every running request, so the scheduler never stalls."""
-        try:
-            self.step()
-        except Exception as e:  # noqa: BLE001 - reported to every running request
-            log.exception("a scheduler step failed; %d running requests end with the error",
-                          len(self._active))
-            for req in self._active:
-                req.handle.put(e)
-            self._active.clear()
+        executor runs in between)."""
+        self.step()
         with self._lock:
             self._ticking = bool(self._waiting or self._active)
             again = self._ticking
@@ -193,9 +228,22 @@ class Scheduler:
         while self.busy:
             self.step()
 
-    @torch.inference_mode()
     def step(self) -> None:
+        """One step of every running request. An error outside a step's shared phases (those
+        fail only their requests) ends every running request, so the scheduler never stalls."""
+        try:
+            self._step()
+        except Exception as e:  # noqa: BLE001 - reported to every running request
+            log.exception("a scheduler step failed; %d running requests end with the error",
+                          len(self._active))
+            for req in list(self._active):
+                self._leave(req, keep=False)
+                req.handle.put(e)
+
+    @torch.inference_mode()
+    def _step(self) -> None:
         self._leave_cancelled()
+        self._read_prompts()
         admitted = self._admit()
         running = [r for r in self._active if r not in admitted]
         step = _Step(batch=len(self._active))
@@ -209,14 +257,13 @@ class Scheduler:
                           len(running) + len(admitted))
             for req in running + admitted:
                 if req in self._active:  # not yet finished when the error came
-                    self._active.remove(req)
+                    self._leave(req, keep=False)
                     req.handle.put(e)
         self.steps += 1
 
     def _leave_cancelled(self) -> None:
         for req in [r for r in self._active if r.handle.cancelled]:
-            self._active.remove(req)
-            req.run.keep_prefix()
+            self._leave(req, keep=True)
             req.handle.put(_END)
         with self._lock:
             kept = [p for p in self._waiting if not p.handle.cancelled]
@@ -245,17 +292,42 @@ class Scheduler:
     def _start(self, p: _Pending) -> _Active:
         e = self.engine
         n = len(p.prompt)
-        width = p.tree.max_rows if p.head else 1
-        capacity = min(e.config.max_len, n + p.params.max_new_tokens + width + 2)
-        run = Run(e, p.prompt, p.params, p.tree, p.head, p.trace,
-                  e.target.new_cache(max_len=capacity), eager=True)
-        root, ext = run.prefill()
-        req = _Active(p.handle, run, n, root=root)
+        slot, cache, phases = self._lease(p)
+        try:
+            run = Run(e, p.prompt, p.params, p.tree, p.head, p.trace, cache, phases)
+            root, ext = run.prefill()
+        except BaseException:
+            if slot is not None:
+                self._free.append(slot)
+            raise
+        p.handle.run = run
+        req = _Active(p.handle, run, slot, n, root=root)
         if run.draft_model is not None:
             req.ext = ext  # run once the step's tokens are out (`_extend_prompts`)
         else:
             req.token = root
         return req
+
+    def _lease(self, p: _Pending) -> tuple[_Slot | None, KVCache, Phases]:
+        """The request's target cache and phases: under CUDA graphs a slot (a free one, or a
+        new one while fewer than `max_batch` exist) with the phases captured on it for this
+        head and tree; otherwise a cache sized to what the request can use."""
+        e = self.engine
+        key = (p.head, p.tree if p.head else None)
+        if e.graph_mode is GraphMode.EAGER:
+            width = p.tree.max_rows if p.head else 1
+            cache = e.target.new_cache(max_len=min(
+                e.config.max_len, len(p.prompt) + p.params.max_new_tokens + width + 2))
+            return None, cache, e.phases(p.head, p.tree, cache)
+        slot = self._free.pop() if self._free else _Slot(e.target.new_cache(
+            max_len=e.config.max_len))
+        if key not in slot.phases:
+            try:
+                slot.phases[key] = e.phases(p.head, p.tree, slot.cache)
+            except BaseException:
+                self._free.append(slot)
+                raise
+        return slot, slot.cache, slot.phases[key]
 
     def _end_at_context(self, running: list[_Active], step: _Step) -> list[_Active]:
         going = []
@@ -268,20 +340,13 @@ class Scheduler:
 
     def _iterate(self, running: list[_Active], admitted: list[_Active], step: _Step) -> None:
         t0 = time.perf_counter()
-        e = self.engine
         eagle = [_Iteration(r, None) for r in running if r.state is not None]
         plain = [r for r in running if r.state is None]
         for model, group in self._by_head(eagle):
-            drafted = draft_many(model, [it.req.state for it in group],
-                                 [it.req.run.draft_cache for it in group],
-                                 [it.req.run.tree for it in group])
-            for it, d in zip(group, drafted):
+            for it, d in zip(group, self._draft(model, group)):
                 it.vin = it.req.run.tree_input(d, it.req.state)
         t1 = time.perf_counter()
-        rows = ([tree_rows(it.vin, it.req.run.cache) for it in eagle]
-                + [decode_rows(r.token, r.seq_len, r.run.cache) for r in plain])
-        outs = target_many(e.target, rows, [it.req.run.aux_ids for it in eagle]
-                           + [() for _ in plain]) if rows else []
+        outs = self._verify(eagle, plain)
         parts: list[torch.Tensor] = [r.root.double() for r in admitted]
         for it, tl in zip(eagle, outs):
             it.tl = tl
@@ -308,7 +373,10 @@ class Scheduler:
             spans, finished = r.run.after_decode(int(tok))
             ev = r.run.event(spans, finished, {"decode": (t3 - t0) * 1000}, batch=step.batch)
             self._deliver(r, ev)
-        self._extend_prompts(admitted, firsts)
+        for req, ev in zip(admitted, firsts):
+            if ev.finished and req.ext is None:
+                self._finish(req, None)
+            req.ended = bool(ev.finished)
 
     def _read_admitted(self, admitted: list[_Active], flat: list[float], step: _Step
                        ) -> list[StepEvent]:
@@ -323,13 +391,19 @@ class Scheduler:
             req.handle.put(events[-1])
         return events
 
-    def _extend_prompts(self, admitted: list[_Active], firsts: list[StepEvent]) -> None:
-        """Once every token of the step is out, each admitted EAGLE-3 request reads its prompt
-        (`Run.read_prompt`); a request that ended at its first token then leaves."""
-        for req, ev in zip(admitted, firsts):
-            if req.ext is not None:
+    def _read_prompts(self) -> None:
+        """Each EAGLE-3 request admitted in the last step reads its prompt (`Run.read_prompt`)
+        now, its first token already out (also to a caller stepping on its own thread); one
+        that ended at its first token then leaves."""
+        for req in [r for r in self._active if r.ext is not None]:
+            try:
                 req.state, req.ext = req.run.read_prompt(req.ext), None
-            if ev.finished:
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                log.exception("a request failed reading its prompt")
+                self._leave(req, keep=False)
+                req.handle.put(e)
+                continue
+            if req.ended:
                 self._finish(req, None)
 
     def _finish_eagle(self, eagle: list[_Iteration], step: _Step) -> None:
@@ -343,15 +417,49 @@ class Scheduler:
         going = [(it, ext) for it, (_, _, ext) in zip(eagle, results) if ext is not None]
         for model, group in self._by_head([it for it, _ in going]):
             exts = [ext for it, ext in going if it in group]
-            states = extend_many(model, exts, [it.req.run.draft_cache for it in group],
-                                 [it.req.run.tree.topk for it in group])
-            for it, state in zip(group, states):
+            for it, state in zip(group, self._extend(model, group, exts)):
                 it.req.state = state
                 it.req.run.draft_rows = state.seq_len
         timings = {**step.timings, "extend": (time.perf_counter() - t2) * 1000}
         for it, (spans, finished, _) in zip(eagle, results):
             self._deliver(it.req, it.req.run.iteration_event(it.got, spans, finished, timings,
                                                              batch=step.batch))
+
+    def _batched(self, n: int) -> bool:
+        """Whether `n` requests' phase is one batched eager forward: several requests without
+        CUDA graphs. Otherwise each request runs its own phase callables (`Run.phases`)."""
+        return n > 1 and self.engine.graph_mode is GraphMode.EAGER
+
+    def _draft(self, model: object, group: list[_Iteration]) -> list[DraftTree]:
+        runs = [it.req.run for it in group]
+        if self._batched(len(group)):
+            return draft_levels(model, [it.req.state for it in group],
+                                [r.draft_cache for r in runs], [r.tree for r in runs])
+        return [r.phases.draft(model, it.req.state, r.draft_cache, r.tree)
+                for it, r in zip(group, runs)]
+
+    def _verify(self, eagle: list[_Iteration], plain: list[_Active]) -> list[TreeLogits]:
+        """The target over every running request's rows: an EAGLE-3 request's tree, a plain
+        request's next token (its logits only)."""
+        target = self.engine.target
+        if self._batched(len(eagle) + len(plain)):
+            rows = ([tree_rows(it.vin, it.req.run.cache) for it in eagle]
+                    + [decode_rows(r.token, r.seq_len, r.run.cache) for r in plain])
+            return target_many(target, rows, [it.req.run.aux_ids for it in eagle]
+                               + [() for _ in plain])
+        return ([it.req.run.phases.run_target(target, it.vin, it.req.run.cache,
+                                              it.req.run.aux_ids) for it in eagle]
+                + [TreeLogits(r.run.phases.decode(target, r.token, r.seq_len, r.run.cache),
+                              None) for r in plain])
+
+    def _extend(self, model: object, group: list[_Iteration], exts: list[EagleDraftExtendInput]
+                ) -> list[EagleDraftInput]:
+        runs = [it.req.run for it in group]
+        if self._batched(len(group)):
+            return extend_rows(model, exts, [r.draft_cache for r in runs],
+                               [r.tree.topk for r in runs])
+        return [r.phases.extend(model, ext, r.draft_cache, r.tree.topk)
+                for ext, r in zip(exts, runs)]
 
     @staticmethod
     def _by_head(items: list[_Iteration]) -> list[tuple[object, list[_Iteration]]]:
@@ -368,6 +476,14 @@ class Scheduler:
     def _finish(self, req: _Active, ev: StepEvent | None) -> None:
         if ev is not None:
             req.handle.put(ev)
-        self._active.remove(req)
-        req.run.keep_prefix()
+        self._leave(req, keep=True)
         req.handle.put(_END)
+
+    def _leave(self, req: _Active, keep: bool) -> None:
+        """`req` leaves: its committed rows go to the prefix cache (`keep`: a clean end, or a
+        stop between steps), then its slot is free for the next request."""
+        self._active.remove(req)
+        if keep:
+            req.run.keep_prefix()
+        if req.slot is not None:
+            self._free.append(req.slot)

@@ -31,10 +31,11 @@ import torch
 from . import kernels
 from .accept import commit, extend, extend_input, read_back
 from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
-                     TreeParams, cpu_model)
+                     TreeParams)
 from .cuda_graph import GraphMode, GraphPhases, Phases
 from .draft import draft
 from .engine import EagleEngine
+from .hardware import cpu_model
 from .io_struct import EagleDraftExtendInput, EagleDraftInput
 from .kernels.checks import kernel_mismatches
 from .kv_cache import KVCache, causal_mask
@@ -403,8 +404,8 @@ class PhaseTimedEngine(EagleEngine):
     """Synchronizes the device after every phase, so that the engine's clock times each phase's
     own device work on CUDA (for milliseconds per phase only: the syncs slow it down)."""
 
-    def phases(self, head: str | None, tree: TreeParams) -> Phases:
-        return synchronized(super().phases(head, tree))
+    def phases(self, head: str | None, tree: TreeParams, cache: KVCache) -> Phases:
+        return synchronized(super().phases(head, tree, cache))
 
 
 def time_prompts(engine: EagleEngine, head: str | None, tree: TreeParams,
@@ -434,6 +435,23 @@ def time_prompts(engine: EagleEngine, head: str | None, tree: TreeParams,
             "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0,
             "tau": round(step_tokens / steps, 3) if head and steps else None,
             "phase_ms": phase_ms, "answers": answers}
+
+
+def batch_parity(engines: tuple[EagleEngine, EagleEngine], head: str,
+                 prompts: list[list[int]], tree: TreeParams, max_new_tokens: int) -> list[Row]:
+    """Greedy answers of `len(prompts)` requests stepped together by each engine's scheduler
+    (as the app's visitors are), EAGLE-3 and plain, graphed engine against eager."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    answers = []
+    for e in engines:
+        handles = [e.scheduler.submit(p, params, tree, h, trace=False)
+                   for p in prompts for h in (head, None)]
+        e.scheduler.run_until_idle()
+        answers.append([[t.token_id for ev in hd.events() for t in ev.tokens] for hd in handles])
+    same = sum(a == b for a, b in zip(*answers))
+    return [Row(f"engine batch of {len(answers[0])}: graphs == eager",
+                "PASS" if same == len(answers[0]) else "FAIL",
+                f"{same}/{len(answers[0])} answers equal", same == len(answers[0]))]
 
 
 def count_syncs(engine: EagleEngine, head: str | None, tree: TreeParams, prompt: list[int],

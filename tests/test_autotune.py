@@ -149,8 +149,8 @@ def test_measure_judges_against_the_static_default_not_the_last_choice(
     assert m.tree_tok_s[autotune.tree_label(other)] > m.tree_tok_s[m.chosen]
 
 
-def test_a_tree_round_trips_through_its_tuple_and_its_label_names_each_setting() -> None:
+def test_a_tree_round_trips_through_its_spec_and_its_label_names_each_setting() -> None:
     tree = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
-    assert autotune.fromtuple(autotune.astuple(tree)) == tree
+    assert TreeParams.parse(tree.spec()) == tree
     assert autotune.tree_label(tree) == "k3 s2 n5 min0.1 step0.5 +ctx+8"
     assert autotune.tree_label(TreeParams(2, 1, 3, context_drafts=False)) == "k2 s1 n3"

@@ -198,7 +198,7 @@ def test_bench_other_weights_run_beside_the_main_target(tmp_path: Path) -> None:
     prompts.write_text(json.dumps({"id": "a", "turns": ["Name a color."]}) + "\n")
     out = tmp_path / "r.json"
     assert main(["bench", "--prompts", str(prompts), "--max-new-tokens", "6", "--dtype", "fp32",
-                 "--max-len", "512", "--other-weights-trees", "4,3,4;2,3,4",
+                 "--max-len", "512", "--other-weights-trees", "k=4,s=3,n=4;k=2,s=3,n=4",
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     modes = report["modes"]
@@ -302,41 +302,43 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
     a step cut on every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates,
     with the one-step trees k3 s1 n4 and k2 s1 n3 among the others; dense targets keep
     `TreeParams()`."""
-    from eagle_engine import autotune, config
+    from eagle_engine import autotune, config, hardware
 
     assert config.Q4_TREE == TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
-    assert autotune.CANDIDATES["q4"][0] == autotune.astuple(config.Q4_TREE)
-    assert {(3, 1, 4, 0.05, 8, 0.0), (2, 1, 3, 0.05, 8, 0.0)} <= set(autotune.CANDIDATES["q4"])
+    assert autotune.CANDIDATES["q4"][0] == config.Q4_TREE
+    assert {TreeParams(3, 1, 4, min_score=0.05, context_extra=8),
+            TreeParams(2, 1, 3, min_score=0.05, context_extra=8)} <= set(autotune.CANDIDATES["q4"])
     for flags in (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
                   ("avx2", "fma", "f16c")):
-        monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(hardware, "cpu_flags", lambda flags=flags: flags)
         assert config.EngineConfig(weights="q4").default_tree == config.Q4_TREE
         assert config.EngineConfig(weights="dense").default_tree == TreeParams()
 
 
-def test_sweep_trees_take_optional_cuts_chains_and_context_switch() -> None:
+def test_sweep_trees_are_named_fields() -> None:
     from eagle_engine.bench import parse_sweep
     from eagle_engine.config import ConfigError
 
-    assert parse_sweep("4,3,8;2,1,3,0.2") == [TreeParams(4, 3, 8),
-                                              TreeParams(2, 1, 3, min_score=0.2)]
-    # one run can hold a tree with and without drafts from the context; unmarked trees follow
-    # the run's own setting
+    assert parse_sweep("k=4,s=3,n=8;n=3,k=2,s=1,cut=0.2") == [
+        TreeParams(4, 3, 8), TreeParams(2, 1, 3, min_score=0.2)]
+    # one run can hold a tree with and without drafts from the context; trees that do not name
+    # `ctx` follow the run's own setting
     on, off = (TreeParams(2, 1, 3, context_drafts=c, min_score=0.05) for c in (True, False))
-    assert parse_sweep("2,1,3,0.05,ctx;2,1,3,0.05,noctx;2,1,3,0.05", False) == [on, off, off]
-    assert parse_sweep("2,1,3,0.05,noctx;2,1,3,0.05", True) == [off, on]
-    # a fifth number: the sure chain from the context past the budget
-    assert parse_sweep("3,1,4,0.05,8,ctx;3,1,4,0.05,0") == [
-        TreeParams(3, 1, 4, context_drafts=True, min_score=0.05, context_extra=8),
-        TreeParams(3, 1, 4, min_score=0.05)]
-    # a sixth: the step cut
-    assert parse_sweep("3,2,5,0.1,8,0.5") == [TreeParams(3, 2, 5, min_score=0.1,
-                                                         context_extra=8, step_cut=0.5)]
-    for bad, why in (("4,3", "'4,3' has 2 numbers"), ("4,3,8,0.1,2,0.5,1", "has 7 numbers"),
-                     ("4,3,8,0.1,2,1.5", "step_cut must be"),
-                     ("4,3,8,0.1,-1", "context_extra must be"),
-                     ("4,3,x", "invalid literal"), ("4,3,8,1.5", "min_score must be"),
-                     ("4,3,8,ctx,ctx", "could not convert"), ("noctx", "has 0 numbers")):
+    assert parse_sweep("k=2,s=1,n=3,cut=0.05,ctx=on;k=2,s=1,n=3,cut=0.05,ctx=off;"
+                       "k=2,s=1,n=3,cut=0.05", False) == [on, off, off]
+    assert parse_sweep("k=2,s=1,n=3,cut=0.05,ctx=off;k=2,s=1,n=3,cut=0.05", True) == [off, on]
+    # the field names themselves work too, and every tree reads back from its spec
+    tree = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
+    assert parse_sweep("topk=3,num_steps=2,num_draft_tokens=5,min_score=0.1,context_extra=8,"
+                       "step_cut=0.5,context_drafts=on") == [tree]
+    assert tree.spec() == "k=3,s=2,n=5,cut=0.1,extra=8,step=0.5,ctx=on"
+    assert TreeParams.parse(tree.spec()) == tree
+    for bad, why in (("k=4,s=3,x", "'x' in 'k=4,s=3,x' is not one"), ("4,3,8", "is not one"),
+                     ("k=4,s=3,n=8,step=1.5", "step_cut must be"),
+                     ("k=4,s=3,n=8,extra=-1", "context_extra must be"),
+                     ("k=4,s=x", "k=4,s=x.*invalid literal"), ("k=4,cut=1.5", "min_score must be"),
+                     ("k=4,ctx=maybe", "expected on or off"), ("k=4,k=3", "'k' is named twice"),
+                     ("k=2,s=1,n=9", "exceeds what topk=2, num_steps=1 can hold")):
         with pytest.raises(ConfigError, match=why):
             parse_sweep(bad)
 

@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from eagle_engine.config import (Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams,
-                                 cpu_flags)
+from eagle_engine.config import Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.hardware import cpu_flags
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.kernels.cpu_lowbit import GROUP
 from eagle_engine.kv_cache import KVCache, causal_mask, tree_mask
@@ -364,11 +364,11 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
     {"fc_norm": True, "norm_output": True}])
 def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's draft extend as one C++ call (`FusedDecoder.extend`) gives the bits of its
-    Python steps over the same kernels (`accept.extend_steps`): the top-k, their target ids,
+    Python definition over the same kernels (`accept.extend_rows`): the top-k, their target ids,
     the recycled hidden and the cache rows it writes, for one row and for three after a
     prefix; an EAGLE-3.1 head's norm per aux chunk (`fc_norm`) included. A head with one norm
     over all the features before `fc` keeps the steps."""
-    from eagle_engine.accept import extend, extend_steps
+    from eagle_engine.accept import extend, extend_rows
     from eagle_engine.io_struct import EagleDraftExtendInput
 
     engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64, **head_kw},
@@ -385,7 +385,7 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
     for start, T in ((5, 1), (6, 3), (9, 2)):
         ext = EagleDraftExtendInput(torch.randint(3, 96, (T,), generator=g),
                                     torch.randn(T, width, generator=g), start)
-        got, want = extend(head, ext, caches[0], 3), extend_steps(head, ext, caches[1], 3)
+        got, want = extend(head, ext, caches[0], 3), extend_rows(head, [ext], [caches[1]], [3])[0]
         for a, b in ((got.topk_p, want.topk_p), (got.topk_ids, want.topk_ids),
                      (got.hidden, want.hidden), (caches[0].data, caches[1].data)):
             assert a.shape == b.shape and torch.equal(a, b)
@@ -397,7 +397,7 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
     {"fc_norm": True}])
 def test_one_call_draft_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's whole draft as one C++ call (`FusedDecoder.draft`) gives the bits of its
-    Python loop over the same kernels (`decode_children`, `expand`): every candidate's score,
+    Python definition over the same kernels (`draft_levels`): every candidate's score,
     token and parent, and the scratch cache rows its decode steps write, for trees of two to
     four levels and one to four nodes a level; with a `step_cut`, both stop after the same
     level (after the first decode step, or before it). A norm inside `fc` does not keep a head

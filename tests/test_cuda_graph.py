@@ -9,6 +9,7 @@ without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -16,11 +17,13 @@ import torch
 
 from eagle_engine import cuda_graph
 from eagle_engine.accept import extend
-from eagle_engine.config import EngineConfig, TreeParams
+from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.cuda_graph import (
     EAGER_PHASES,
     CaptureHidden,
     DecodeRunner,
+    DraftDecodeRunner,
+    DraftExtendRunner,
     GraphMode,
     GraphPhases,
     VerifyRunner,
@@ -28,13 +31,16 @@ from eagle_engine.cuda_graph import (
     graph_mode,
 )
 from eagle_engine.draft import draft
+from eagle_engine.engine import EagleEngine
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleVerifyInput
 from eagle_engine.kernels import reference
 from eagle_engine.kv_cache import causal_mask
+from eagle_engine.scheduler import Scheduler
 from eagle_engine.selfcheck import (
     EAGLE31,
     TINY_TREE,
     IdTokenizer,
+    batch_parity,
     check_no_sync,
     engine_pair,
     engine_parity,
@@ -158,16 +164,53 @@ def test_fallback_to_eager_when_the_call_does_not_fit() -> None:
     assert torch.equal(tree.tokens, draft(head, state, runners.draft_cache, HEAD_TREE).tokens)
 
 
-def test_engine_static_path_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+def static_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's graph mode becomes STATIC on CPU: what graphs mode runs on CUDA, replayed
+    eagerly."""
     monkeypatch.setattr(cuda_graph, "graph_mode",
                         lambda enabled, device: GraphMode.STATIC if enabled else GraphMode.EAGER)
+
+
+def test_engine_static_path_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    static_graphs(monkeypatch)
     target, head = tiny_models("cpu")
     eager, static = engine_pair(target, IdTokenizer(), {"tiny": head},
                                 EngineConfig(dtype="fp32", max_len=192))
-    assert static.phases("tiny", TINY_TREE).mode is GraphMode.STATIC
-    assert eager.phases("tiny", TINY_TREE) is EAGER_PHASES
+    cache = target.new_cache(max_len=192)
+    assert static.phases("tiny", TINY_TREE, cache).mode is GraphMode.STATIC
+    assert eager.phases("tiny", TINY_TREE, cache) is EAGER_PHASES
     rows = engine_parity((eager, static), "tiny", list(range(3, 40)), TINY_TREE, 60)
     assert len(rows) == 2 and failures(rows) == []
+    prompts = [list(range(3, 40)), list(range(5, 30)), list(range(7, 50))]
+    assert failures(batch_parity((eager, static), "tiny", prompts, TINY_TREE, 40)) == []
+
+
+def test_the_apps_request_path_runs_graph_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under graphs, requests stepped together by a scheduler on an executor (the app's path)
+    run every phase through the runners on their slot's cache: the eager functions run only
+    the draft extend over each prompt (wider than the extend's graph); slots are reused, at
+    most `max_batch` of them."""
+    static_graphs(monkeypatch)
+    target, head = tiny_models("cpu")
+    engine = EagleEngine(target, IdTokenizer(), {"tiny": head},
+                         EngineConfig(dtype="fp32", max_len=192, max_batch=2))
+    called = []
+    for cls in (DraftDecodeRunner, VerifyRunner, DraftExtendRunner, DecodeRunner):
+        monkeypatch.setattr(cls, "__call__", lambda self, inp, real=cls.__call__: (
+            called.append(type(self).__name__), real(self, inp))[1])
+    eager = []
+    for fn in ("draft", "run_target", "extend", "decode"):
+        monkeypatch.setattr(cuda_graph, fn, lambda *a, real=getattr(cuda_graph, fn), name=fn: (
+            eager.append((name, a[1].tokens.numel() if name == "extend" else 0)), real(*a))[1])
+    scheduler = Scheduler(engine, executor=ThreadPoolExecutor(1))
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    handles = [scheduler.submit(list(range(3 + i, 30)), params, TINY_TREE, h)
+               for i in range(3) for h in ("tiny", None)]
+    assert all(len(list(h.events())) > 1 for h in handles)
+    assert set(called) == {"DraftDecodeRunner", "VerifyRunner", "DraftExtendRunner",
+                           "DecodeRunner"}
+    assert sorted(eager) == [("extend", 27 - i) for i in range(3)][::-1], eager  # the prompts
+    assert len(scheduler._free) == 2 and not scheduler.busy
 
 
 def test_cpu_engine_keeps_the_eager_path() -> None:
@@ -176,7 +219,7 @@ def test_cpu_engine_keeps_the_eager_path() -> None:
     assert graph_mode(False, torch.device("cuda")) is GraphMode.EAGER
     target, head = tiny_models("cpu")
     engine = engine_pair(target, IdTokenizer(), {"tiny": head}, EngineConfig(max_len=64))[1]
-    phases = engine.phases("tiny", TINY_TREE)
+    phases = engine.phases("tiny", TINY_TREE, target.new_cache(max_len=64))
     assert phases is EAGER_PHASES and phases.draft is draft and phases.draft_cache is None
 
 
@@ -222,6 +265,9 @@ def test_engine_uses_graphs_by_default_on_cuda_and_matches_eager() -> None:
     target, head = tiny_models("cuda")
     engines = engine_pair(target, IdTokenizer(), {"tiny": head},
                           EngineConfig(dtype="fp32", device="cuda", max_len=192))
-    assert engines[1].phases("tiny", TINY_TREE).mode is GraphMode.GRAPHS
-    assert engines[1].phases(None, TINY_TREE).mode is GraphMode.GRAPHS
+    cache = target.new_cache(max_len=192)
+    assert engines[1].phases("tiny", TINY_TREE, cache).mode is GraphMode.GRAPHS
+    assert engines[1].phases(None, TINY_TREE, cache).mode is GraphMode.GRAPHS
     assert failures(engine_parity(engines, "tiny", list(range(3, 40)), TINY_TREE, 60)) == []
+    prompts = [list(range(3 + i, 40)) for i in range(2)]  # B = 4: two prompts, EAGLE and plain
+    assert failures(batch_parity(engines, "tiny", prompts, TINY_TREE, 60)) == []

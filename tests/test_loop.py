@@ -106,11 +106,11 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
     """The prefill's event reaches the caller before the context's suffix index is built and
     the draft extend over the prompt runs; a one-token answer still runs both after its event
     (the prefix cache keeps the head's rows for the next turn)."""
-    import eagle_engine.engine as engine_mod
+    import eagle_engine.run as run_mod
 
     tree = TreeParams(2, 2, 4)
     assert tree.context_drafts
-    phases = engine.phases("aux", tree)
+    phases = engine.phases("aux", tree, engine.target.new_cache(max_len=8))
     events: list = []
     seen_at: list[int] = []  # events out when each extend began
     indexed_at: list[int] = []  # events out when the context's index was built
@@ -119,12 +119,12 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
         seen_at.append(len(events))
         return phases.extend(*args)
 
-    def index(tokens: list[int]) -> engine_mod.ContextIndex:
+    def index(tokens: list[int]) -> run_mod.ContextIndex:
         indexed_at.append(len(events))
         return real_index(tokens)
-    real_index = engine_mod.ContextIndex
-    monkeypatch.setattr(engine, "phases", lambda head, t: replace(phases, extend=extend))
-    monkeypatch.setattr(engine_mod, "ContextIndex", index)
+    real_index = run_mod.ContextIndex
+    monkeypatch.setattr(engine, "phases", lambda head, t, cache: replace(phases, extend=extend))
+    monkeypatch.setattr(run_mod, "ContextIndex", index)
     for n in (1, 6):
         events.clear()
         seen_at.clear()
@@ -155,8 +155,10 @@ class Oracle:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Oracle:
         original = self.engine.phases
 
-        def phases(head: str | None, tree: TreeParams):  # noqa: ANN202 - cuda_graph.Phases
-            inner = original(head, tree)
+        def phases(head: str | None, tree: TreeParams, cache: KVCache
+                   ):  # noqa: ANN202 - cuda_graph.Phases
+            self.cache = cache  # the request's target cache
+            inner = original(head, tree, cache)
             return replace(inner, draft=self.wrap_draft(inner.draft),
                            extend=self.wrap_extend(inner.extend))
 
@@ -224,7 +226,7 @@ class Oracle:
         fresh = target.new_cache(max_len=n)
         positions, mask = torch.arange(n)[None], causal_mask(n, 0, "cpu")
         out = target(torch.tensor([self.tokens[:n]]), positions, fresh, 0, mask, aux_ids)
-        assert_rows_equal(self.engine.cache, fresh, n)
+        assert_rows_equal(self.cache, fresh, n)
         feats = out.aux_hidden if aux_ids else out.final_hidden
         fresh_draft = model.new_cache(n)
         logits, hidden = model(torch.tensor([self.tokens[1:]]), feats, positions, fresh_draft,

@@ -15,7 +15,8 @@ import torch
 
 from eagle_engine.accept import extend
 from eagle_engine.config import SamplingParams, TreeParams
-from eagle_engine.engine import EagleEngine, Run
+from eagle_engine.engine import EagleEngine
+from eagle_engine.run import Run
 from eagle_engine.prefix_cache import PrefixCache, PrefixEntry, reusable_rows
 from tests.helpers import tiny_engine
 
@@ -93,7 +94,8 @@ def test_caches_after_a_reused_prefill_equal_a_fresh_prefill(engine: EagleEngine
         cache = engine.target.new_cache(max_len=256)
         if not reuse:
             engine.prefix_cache = PrefixCache(0)
-        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache)
+        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache,
+                  engine.phases("head", TREE, cache))
         root, ext = run.prefill()
         state = extend(run.draft_model, ext, run.draft_cache, TREE.topk)
         runs.append((run, root, state))

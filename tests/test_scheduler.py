@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
-from eagle_engine.engine import EagleEngine, Run
+from eagle_engine.engine import EagleEngine
+from eagle_engine.run import Run
 from eagle_engine.events import StepEvent
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.scheduler import Handle, Scheduler

@@ -82,7 +82,7 @@ def test_eagle_iteration_syncs_once(engine: EagleEngine, mode: str, trace: bool,
     assert sum(len(ev.tokens) for ev, _ in steps) == NEW
     for ev, syncs in steps[1:]:
         assert syncs.kinds == {"tolist": 1}, (ev.step, syncs.where)
-        assert next(iter(syncs.where)).startswith("tolist at accept.py:")  # read_back
+        assert next(iter(syncs.where)).startswith("tolist at scheduler.py:")  # the step's read
         assert bool(ev.tree) == trace and ev.tokens
 
 
@@ -106,7 +106,7 @@ def test_baseline_step_syncs_once(engine: EagleEngine) -> None:
     for params in PARAMS.values():
         steps = list(per_step(engine.stream(PROMPT, params)))
         assert len(steps) == NEW
-        assert all(syncs.kinds == {"scalar read": 1} for _, syncs in steps[1:])
+        assert all(syncs.kinds == {"tolist": 1} for _, syncs in steps[1:])
 
 
 def test_events_from_the_packed_copy_match_the_tree(engine: EagleEngine) -> None:

@@ -667,10 +667,10 @@ def test_training_computes_in_bf16_only_where_it_is_native(tiny_target, monkeypa
     features and moves the weights."""
     import copy
 
-    from eagle_engine import config
+    from eagle_engine import hardware
     from eagle_engine.train import trainer
 
-    monkeypatch.setattr(config, "native_bf16", lambda device: native)
+    monkeypatch.setattr(hardware, "native_bf16", lambda device: native)
     cpu = torch.device("cpu")
     assert trainer.train_dtype(cpu) == (torch.bfloat16 if native else torch.float32)
     cast = trainer.autocast(cpu)

@@ -30,7 +30,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from ..config import LOWBIT_CPU_FLAGS, ConfigError, cache_root, compiler_available, cpu_flags
+from ..config import ConfigError
+from ..hardware import LOWBIT_CPU_FLAGS, cache_root, compiler_available, cpu_flags
 
 log = logging.getLogger(__name__)
 

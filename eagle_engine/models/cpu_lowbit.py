@@ -209,7 +209,7 @@ class FusedDecoder:
         """A head's draft extend as one C++ call (heads that `extends`): tokens [T] and their
         target features [T, W] at rows [start, start + T) of the head's one-row cache (`kv` =
         `KVCache.data`) -> (top-k probabilities [k], their target ids [k], the last row's
-        recycled hidden [H]). `accept.extend_steps` is the reference, with the same bits."""
+        recycled hidden [H]). `accept.extend_rows` is the reference, with the same bits."""
         aux = model.cfg.use_aux_hidden_state
         none = torch.empty(0)
         fc_norms = [n.weight for n in model.fc_norm] if aux and model.cfg.fc_norm else []
@@ -230,7 +230,7 @@ class FusedDecoder:
         `KVCache.data`) from row seq on, and each level's expansion, stopping before a step
         once the best path so far scores below `step_cut` (`draft.goes_on`) -> (scores [C],
         tokens [C], parents [C]) of `draft.Frontier`'s candidate layout. `draft.draft`'s Python
-        loop (`decode_children`, `expand`) is the reference, with the same bits."""
+        definition (`draft.draft_levels`) is the reference, with the same bits."""
         return tuple(cpu_lowbit.load().head_draft_tree(
             topk_p, topk_ids, hidden, seq, steps, model.embed_tokens.weight, model.rope.cos,
             model.rope.sin, kv, self.weights, self.heads, self.kv_heads, self.eps,

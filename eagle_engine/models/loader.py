@@ -17,7 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..config import ConfigError, TargetConfig, cache_root
+from ..config import ConfigError, TargetConfig
+from ..hardware import cache_root
 from .layers import Rope
 from .target import TargetModel
 

@@ -1,0 +1,58 @@
+"""Hardware probing: what this machine's CPU and compilers can do, and where built artifacts
+are kept. Read by `config.py` (which dtype and weights to default to), the kernel build and
+the benchmarks' reports. Not here: any choice made from these facts (`config.py`).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def cache_root() -> Path:
+    """Where converted targets and built kernels are kept between starts."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "eagle_engine"
+
+
+def native_bf16(device: str) -> bool:
+    """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
+    without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
+    cost ~9x one token in bf16, ~2x in fp32; docs/results.md, section 4)."""
+    if device.startswith("cuda"):
+        return True
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def compiler_available() -> bool:
+    """A C++ compiler is on the PATH: the q4 CPU kernels are built with it at first use."""
+    return shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "amx_bf16")
+LOWBIT_CPU_FLAGS = ("avx2", "fma", "f16c")  # what the q4 / q8 kernels need
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    present = set(line.split(":", 1)[-1].split())
+    return tuple(f for f in CPU_FLAGS if f in present)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (`platform.machine()` off Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
+                platform.machine())
