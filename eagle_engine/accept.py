@@ -16,17 +16,19 @@ import torch
 
 from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
+from .kernels import TORCH, StepOps
 from .kv_cache import KVCache, causal_mask
 from .models.batched import SeqRows, draft_forward
 from .models.draft_model import Eagle3Draft
 
 
-def commit(vin: EagleVerifyInput, vout: EagleVerifyOutput, cache: KVCache) -> None:
+def commit(vin: EagleVerifyInput, vout: EagleVerifyOutput, cache: KVCache,
+           ops: StepOps = TORCH) -> None:
     """Move the accepted path's rows to [seq_len, seq_len + W); slots past the path's end copy a
     row onto itself (it stays past the committed length), so the copy has a fixed size."""
     path = vout.accepted_nodes  # [W]
     slots = torch.arange(path.numel(), device=path.device)
-    cache.commit_rows(vin.seq_len + torch.where(path >= 0, path, slots), vin.seq_len)
+    cache.commit_rows(vin.seq_len + torch.where(path >= 0, path, slots), vin.seq_len, ops)
 
 
 def read_back(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool) -> VerifyReadback:

@@ -154,8 +154,9 @@ def cache_path(engines: list, head: str | None) -> Path:  # engines: list[EagleE
     key = json.dumps([VERSION, torch.__version__, cpu_model(),
                       cpu_flags(), source_digest(),
                       config.target, config.device, head_digest(head), torch.get_num_threads(),
-                      {w: [t.spec() for t in c] for w, c in CANDIDATES.items()}, CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z,
-                      CONTEXT_DRAFTS, CHAIN_SURE])
+                      {w: [t.spec() for t in c] for w, c in CANDIDATES.items()},
+                      CONVERSATIONS, FIRST_ANSWER, NEW_TOKENS, ROUNDS, NOISE_Z, CONTEXT_DRAFTS,
+                      CHAIN_SURE])
     return cache_root() / "autotune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

@@ -2,8 +2,8 @@
 match, and the batched generator the training pipeline uses to build self-distillation data.
 
 `generate_batch` decodes ragged prompts together (left padding, per-row RoPE positions, padded
-cache rows masked out). Single-request streaming lives in `engine.py`, which yields the same
-event type for baseline and EAGLE modes. Not here: sampling math (`sampling.py`).
+cache rows masked out). The engine's plain decoding, streamed, runs in its scheduler
+(`scheduler.py`), as EAGLE-3 does. Not here: sampling math (`sampling.py`).
 """
 from __future__ import annotations
 

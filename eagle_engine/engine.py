@@ -29,6 +29,7 @@ from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse
 from . import cuda_graph
 from .cuda_graph import GraphMode, Phases, phases_for
 from .events import RunStats, StepEvent
+from .kernels import step_ops
 from .kernels.cpu_lowbit import load as load_cpu_kernels
 from .kv_cache import KVCache
 from .models.cpu_lowbit import quantize_head, quantize_target
@@ -104,6 +105,9 @@ class EagleEngine:
         self.load_times: dict[str, float] = {}
         self.default_tree = config.default_tree  # the tree `autotune` chose, after `apply`
         self.tuned = None  # autotune.Tuned once measured or read from the cache
+        # the step backend: C++ ops with q4 weights (their load built the module), Triton on
+        # CUDA, the torch definitions elsewhere
+        self.ops = step_ops(target.device, config.weights == "q4")
         self.scheduler = Scheduler(self)  # `stream` steps it on the caller's thread
 
     @classmethod

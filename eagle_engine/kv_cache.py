@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import compact_kv
+from .kernels import TORCH, StepOps
 
 
 class KVCache:
@@ -34,11 +34,13 @@ class KVCache:
             self.data.view(L2, B, kvh, max_len, hd)[:, rows])
         return kept
 
-    def commit_rows(self, src_rows: torch.Tensor, dst_start: int) -> None:
-        """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n).
-        On a GPU it copies every row, even rows already in place: checking would read the rows
-        on the host. The CPU kernel (`cpu_step.cpp`) reads them there anyway and skips them."""
-        compact_kv(self.data, src_rows, dst_start)
+    def commit_rows(self, src_rows: torch.Tensor, dst_start: int, ops: StepOps = TORCH
+                    ) -> None:
+        """Copy rows `src_rows` [n] (any order, all >= dst_start) to [dst_start, dst_start+n),
+        with `ops.compact_kv`. On a GPU it copies every row, even rows already in place:
+        checking would read the rows on the host. The C++ op (`cpu_step.cpp`) reads them
+        there anyway and skips them."""
+        ops.compact_kv(self.data, src_rows, dst_start)
 
 
 def causal_mask(T: int, start: int, device: torch.device | str,

@@ -120,7 +120,7 @@ class Run:
         ids = torch.tensor(self.prompt[r:], device=dev)  # [n - r]
         out = target(ids[None], torch.arange(r, n, device=dev)[None], self.cache, r,
                      causal_mask(n - r, r, dev), self.aux_ids, last_only=True)
-        root = next_token(out.logits[0, -1:], self.params, self.generator)  # [1]
+        root = next_token(out.logits[0, -1:], self.params, self.generator, self.e.ops)  # [1]
         return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), self._features(out)[0], r)
 
     def after_prefill(self, root: int) -> tuple[list[TokenSpan], str | None]:
@@ -153,10 +153,10 @@ class Run:
     def accept(self, vin: EagleVerifyInput, tl: TreeLogits) -> EagleVerifyOutput:
         """Acceptance on the device and the KV commit of the accepted path."""
         if self.params.greedy:
-            vout = greedy_acceptance(vin, tl.logits)
+            vout = greedy_acceptance(vin, tl.logits, self.e.ops)
         else:
-            vout = sampled_acceptance(vin, tl.logits, self.params, self.generator)
-        commit(vin, vout, self.cache)
+            vout = sampled_acceptance(vin, tl.logits, self.params, self.generator, self.e.ops)
+        commit(vin, vout, self.cache, self.e.ops)
         return vout
 
     def after_readback(self, got: VerifyReadback, vin: EagleVerifyInput,
@@ -199,7 +199,7 @@ class Run:
         """The head's candidates, with the context's chain merged in when there is one, as the
         tree to verify."""
         ctx = self.context.propose(self.tree.chain_len) if self.context else None
-        return tree_input(drafted, ctx, state.root, state.seq_len, self.tree)
+        return tree_input(drafted, ctx, state.root, state.seq_len, self.tree, self.e.ops)
 
     def _token_text(self, tok: int) -> str:
         return self.e.tokenizer.decode([tok])

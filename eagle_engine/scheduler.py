@@ -355,7 +355,8 @@ class Scheduler:
             it.read_size = sum(p.numel() for p in own)
             parts += own
         for r, tl in zip(plain, outs[len(eagle):]):
-            r.token = next_token(tl.logits[-1:], r.run.params, r.run.generator)  # [1]
+            r.token = next_token(tl.logits[-1:], r.run.params, r.run.generator,
+                                 self.engine.ops)  # [1]
             parts.append(r.token.double())
         flat = torch.cat(parts).tolist()  # the step's one host sync
         t2 = time.perf_counter()

@@ -300,14 +300,15 @@ def check_no_sync(target: TargetModel, head: Eagle3Draft, tree: TreeParams) -> R
     d_cache = runners.draft_cache
     aux = runners.aux_layer_ids
     state = prefill_both(target, head, (t_cache,), (d_cache,), K, seed=1)
+    ops = kernels.step_ops(target.device, cpp=False)  # the engine's on CUDA: Triton
     torch.cuda.synchronize()
     try:
         with sync_debug("error"):
             drafted = runners.draft(head, state, d_cache, tree)
-            vin = build_tree(drafted, state.root, state.seq_len, tree)
+            vin = build_tree(drafted, state.root, state.seq_len, tree, ops)
             verified = runners.run_target(target, vin, t_cache, aux)
-            vout = greedy_acceptance(vin, verified.logits)
-            commit(vin, vout, t_cache)
+            vout = greedy_acceptance(vin, verified.logits, ops)
+            commit(vin, vout, t_cache, ops)
         got = read_back(vin, vout, trace=True)
         with sync_debug("error"):
             runners.extend(head, extend_input(vin, vout, got.num_accepted, verified.features),
@@ -322,7 +323,7 @@ def gpu_checks() -> list[Row]:
     """The CUDA-only checks on the tiny models: kernels, graphed phases, syncs, engine."""
     dev = torch.device("cuda")
     rows = [verdict(f"kernel {name} == reference (cuda)", failures, f"{count} cases")
-            for name, (count, failures) in kernel_mismatches(kernels, dev).items()]
+            for name, (count, failures) in kernel_mismatches(kernels.TRITON, dev).items()]
     with torch.inference_mode():
         target, head = tiny_models(dev)
         rows += phase_parity(target, head, TINY_TREE, GraphMode.GRAPHS)

@@ -5,9 +5,9 @@ front and build what verification needs (parents, depth, ancestor mask, retrieve
 node's source).
 Selection is a stable descending sort, so a parent (never scored below its child, and earlier in
 the candidate order) is always selected before its children. `tree_input` runs the whole phase;
-on a CPU with the kernels built it is one C++ call (`kernels/cpu_step.cpp`, the same tree as
-`merge_context` then `build_tree`, which run everywhere else). Not here: drafting, finding the
-context's chain (`context_draft.py`) or verifying.
+with the C++ step backend it is one C++ call (`kernels/cpu_step.cpp`, the same tree as
+`merge_context` then `build_tree`, the definition: tests/test_cpu_step.py). Not here: drafting,
+finding the context's chain (`context_draft.py`) or verifying.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from .config import CHAIN_SURE, TreeParams
 from .io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
-from .kernels import build_tree_from_parents, cpu_step
+from .kernels import TORCH, StepOps
 
 
 def uploaded(values: list[int] | list[float], dtype: torch.dtype, device: torch.device
@@ -85,8 +85,8 @@ def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> Dr
                                                              dtype=torch.long, device=dev)]))
 
 
-def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree: TreeParams
-               ) -> EagleVerifyInput:
+def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree: TreeParams,
+               ops: StepOps = TORCH) -> EagleVerifyInput:
     """root: [1] int64 on the tree's device (the engine's, no upload) or a Python int."""
     dev = drafted.tokens.device
     ranked, order = torch.sort(drafted.scores, descending=True, stable=True)
@@ -110,21 +110,21 @@ def build_tree(drafted: DraftTree, root: torch.Tensor | int, seq_len: int, tree:
     head = torch.zeros(1, dtype=torch.long, device=dev)  # [1] the root (NodeSource.HEAD)
     sources = (torch.cat([head, drafted.sources[selected]]) if drafted.sources is not None
                else head.expand(tokens.numel()))  # [N]
-    depth, ancestors, retrieve = build_tree_from_parents(parents, tree.max_depth)
+    depth, ancestors, retrieve = ops.build_tree_from_parents(parents, tree.max_depth)
     return EagleVerifyInput(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors,
                             retrieve_indices=retrieve, seq_len=seq_len, scores=scores,
                             sources=sources)
 
 
 def tree_input(drafted: DraftTree, ctx: ContextDraft | None, root: torch.Tensor,
-               seq_len: int, tree: TreeParams) -> EagleVerifyInput:
+               seq_len: int, tree: TreeParams, ops: StepOps = TORCH) -> EagleVerifyInput:
     """The head's candidates, with the context's chain merged in when there is one (`ctx`),
     as the tree to verify; root: [1] int64 on the tree's device."""
-    cpu = cpu_step(drafted.tokens)
+    cpu = ops.cpp
     if cpu is None:
         if ctx:
             drafted = merge_context(drafted, ctx, tree)
-        return build_tree(drafted, root, seq_len, tree)
+        return build_tree(drafted, root, seq_len, tree, ops)
     sources = torch.empty(0, dtype=torch.long) if drafted.sources is None else drafted.sources
     tokens, parents, depth, ancestors, retrieve, scores, node_sources = cpu.build_tree(
         drafted.scores.contiguous(), drafted.tokens.contiguous(), drafted.parents.contiguous(),

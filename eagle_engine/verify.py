@@ -18,7 +18,7 @@ import torch
 
 from .config import SamplingParams
 from .io_struct import EagleVerifyInput, EagleVerifyOutput
-from .kernels import cpu_step, verify_tree_greedy
+from .kernels import TORCH, StepOps
 from .kv_cache import KVCache, tree_mask
 from .models.target import TargetModel
 from .sampling import greedy, sample_from, target_probs
@@ -51,31 +51,27 @@ def accepted_path(vin: EagleVerifyInput, best: torch.Tensor, bonus: torch.Tensor
     return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
 
 
-def greedy_acceptance(vin: EagleVerifyInput, logits: torch.Tensor) -> EagleVerifyOutput:
-    """The longest path whose every token is the target's argmax after its parent (one C++
-    call on a CPU with the kernels built: `cpu_step.cpp`, the same result)."""
-    cpu = cpu_step(logits)
+def greedy_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, ops: StepOps = TORCH
+                      ) -> EagleVerifyOutput:
+    """The longest path whose every token is the target's argmax after its parent (with the C++
+    backend one call, `cpu_step.cpp`: the same result, tests/test_cpu_step.py)."""
+    cpu = ops.cpp
     if cpu is not None and logits.dtype == torch.float32:
         path, num_accepted, emitted = cpu.greedy_accept(
             logits.contiguous(), vin.tokens, vin.parents, vin.depth, vin.retrieve_indices)
         return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
-    return greedy_acceptance_torch(vin, logits)
-
-
-def greedy_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor) -> EagleVerifyOutput:
-    """`greedy_acceptance` as torch ops on any device (Triton kernels on CUDA)."""
-    predict = greedy(logits)  # [N]
-    best, _ = verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
+    predict = greedy(logits, ops)  # [N]
+    best, _ = ops.verify_tree_greedy(vin.tokens, vin.parents, vin.ancestors, vin.depth, predict)
     best = best.reshape(1)
     return accepted_path(vin, best, predict.index_select(0, best))
 
 
 def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
-                       generator: torch.Generator | None) -> EagleVerifyOutput:
-    """`sampled_acceptance_torch`, as one C++ call on a CPU with the kernels built
-    (`cpu_step.cpp`: the same coins and result, the distribution of the accepted path's rows
-    only)."""
-    cpu = cpu_step(logits)
+                       generator: torch.Generator | None, ops: StepOps = TORCH
+                       ) -> EagleVerifyOutput:
+    """`sampled_acceptance_torch`, as one C++ call with the C++ backend (`cpu_step.cpp`: the
+    same coins and result, the distribution of the accepted path's rows only)."""
+    cpu = ops.cpp
     if cpu is not None and logits.dtype == torch.float32:
         W = vin.retrieve_indices.shape[1]
         coins = torch.rand(max(W - 1, 1), generator=generator)  # one per level, then the bonus's
@@ -84,17 +80,18 @@ def sampled_acceptance(vin: EagleVerifyInput, logits: torch.Tensor, params: Samp
             logits.contiguous(), vin.tokens, vin.parents, vin.depth, vin.retrieve_indices, coins,
             bonus_coin, params.temperature, params.top_k, params.top_p)
         return EagleVerifyOutput(accepted_nodes=path, num_accepted=num_accepted, emitted=emitted)
-    return sampled_acceptance_torch(vin, logits, params, generator)
+    return sampled_acceptance_torch(vin, logits, params, generator, ops)
 
 
 def sampled_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
-                             generator: torch.Generator | None) -> EagleVerifyOutput:
+                             generator: torch.Generator | None, ops: StepOps = TORCH
+                             ) -> EagleVerifyOutput:
     """Tree speculative sampling with deterministic top-k drafts (q = point mass): at each level,
     child k is accepted iff sum_{j<k} p(x_j) <= u < sum_{j<=k} p(x_j) for one uniform u; if all
     children fail, the bonus is drawn from p with those children removed (renormalized). This is
     inverse-CDF sampling of p with the children listed first, so every emitted token ~ p.
     Coins: one per tree level (drawn together), then the bonus token's."""
-    probs = target_probs(logits, params)  # [N, V]
+    probs = target_probs(logits, params, ops)  # [N, V]
     N, W = vin.retrieve_indices.shape
     dev = logits.device
     nodes = torch.arange(N, device=dev)
@@ -116,6 +113,6 @@ def sampled_acceptance_torch(vin: EagleVerifyInput, logits: torch.Tensor, params
     residual = p.index_put((vin.tokens,), -p[vin.tokens] * children, accumulate=True)  # [V]
     # children that held all the mass (u rounded past it) leave p itself; sample_from
     # normalizes by the total
-    bonus = sample_from(torch.where(residual.sum() > 0, residual, p), generator).reshape(1)
+    bonus = sample_from(torch.where(residual.sum() > 0, residual, p), generator, ops).reshape(1)
     return accepted_path(vin, best, bonus)
 

@@ -10,6 +10,7 @@ import torch
 
 from eagle_engine.config import DraftConfig, EngineConfig, SamplingParams, TargetConfig
 from eagle_engine.engine import EagleEngine
+from eagle_engine.kernels import TORCH, StepOps
 from eagle_engine.io_struct import EagleVerifyInput, EagleVerifyOutput
 from eagle_engine.models.draft_io import draft_config_dict, export_state
 from eagle_engine.models.draft_model import Eagle3Draft
@@ -147,6 +148,8 @@ def accept_greedy(vin: EagleVerifyInput, logits: torch.Tensor) -> tuple[torch.Te
 
 
 def accept_sampled(vin: EagleVerifyInput, logits: torch.Tensor, params: SamplingParams,
-                   generator: torch.Generator | None) -> tuple[torch.Tensor, int]:
-    """`verify.sampled_acceptance`, read back: (accepted node path root first, bonus token)."""
-    return accept_on_host(sampled_acceptance(vin, logits, params, generator))
+                   generator: torch.Generator | None, ops: StepOps = TORCH
+                   ) -> tuple[torch.Tensor, int]:
+    """`verify.sampled_acceptance` with the step backend `ops`, read back: (accepted node path
+    root first, bonus token)."""
+    return accept_on_host(sampled_acceptance(vin, logits, params, generator, ops))

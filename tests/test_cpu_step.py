@@ -5,22 +5,20 @@ tree built from random candidate sets with and without the context's chain, the 
 parents and the KV commit (float32, bfloat16, float16; reversed and overlapping rows). The
 sampler: its distribution equals the reference's up to float rounding (temperature, top-k,
 top-p; peaked and flat rows), its draws equal the reference's for the same coins, and tree
-speculative sampling gives the torch acceptance's path and bonus for the same coins. The engine
-uses them once the q4 weights have built the module (and the references otherwise); bad input
-is refused naming the values.
+speculative sampling gives the torch acceptance's path and bonus for the same coins. An engine
+with q4 weights holds them as its step backend (`kernels.cpp_ops`), every other CPU engine the
+references; bad input is refused naming the values.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eagle_engine import kernels
-from eagle_engine.config import SamplingParams
+from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.io_struct import EagleVerifyInput
-from eagle_engine.kernels import cpu_lowbit, reference
+from eagle_engine.kernels import TORCH, cpp_ops, cpu_lowbit, reference, step_ops
 from eagle_engine.kernels.checks import compact_cases, tree_cases, verify_cases
-from eagle_engine.verify import (greedy_acceptance, greedy_acceptance_torch, sampled_acceptance,
-                                 sampled_acceptance_torch)
+from eagle_engine.verify import greedy_acceptance, sampled_acceptance, sampled_acceptance_torch
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,8 @@ def test_argmax_rows_equals_torch_max(cpu, V: int) -> None:
     rows += [nan, late]
     logits = torch.stack(rows)  # [6, V]
     assert torch.equal(cpu.argmax_rows(logits), reference.argmax_rows(logits))
-    assert torch.equal(kernels.argmax_rows(logits[None]), reference.argmax_rows(logits[None]))
+    assert torch.equal(cpp_ops(cpu).argmax_rows(logits[None]),
+                       reference.argmax_rows(logits[None]))
 
 
 def _vin(tokens: torch.Tensor, parents: torch.Tensor) -> EagleVerifyInput:
@@ -54,8 +53,7 @@ def _vin(tokens: torch.Tensor, parents: torch.Tensor) -> EagleVerifyInput:
 
 
 @pytest.mark.parametrize("case", range(len(verify_cases())))
-def test_greedy_accept_equals_the_torch_acceptance(cpu, monkeypatch: pytest.MonkeyPatch,
-                                                   case: int) -> None:
+def test_greedy_accept_equals_the_torch_acceptance(cpu, case: int) -> None:
     """Logits rows whose first maximum is each case's prediction, with a tie after it and
     small integer values elsewhere (many equal values)."""
     name, (tokens, parents, _, _, predict) = verify_cases()[case]
@@ -65,9 +63,8 @@ def test_greedy_accept_equals_the_torch_acceptance(cpu, monkeypatch: pytest.Monk
     logits[torch.arange(n), predict] = 5.0
     logits[torch.arange(n), (predict + 1 + torch.arange(n) % 3).clamp_max(V - 1)] = 5.0
     vin = _vin(tokens, parents)
-    got = greedy_acceptance(vin, logits)
-    monkeypatch.setattr(cpu_lowbit, "built", lambda: None)
-    want = greedy_acceptance_torch(vin, logits)
+    got = greedy_acceptance(vin, logits, cpp_ops(cpu))
+    want = greedy_acceptance(vin, logits, TORCH)
     for field in ("accepted_nodes", "num_accepted", "emitted"):
         assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
 
@@ -114,7 +111,7 @@ def test_sampling_probs_equal_the_reference(cpu, V: int) -> None:
             torch.testing.assert_close(g_row[both] / g_row[both].sum(),
                                        w_row[both] / w_row[both].sum(), rtol=1e-5, atol=1e-7,
                                        msg=f"{config}")
-    assert torch.equal(kernels.sampling_probs(logits, 0.7, 0, 0.9),
+    assert torch.equal(cpp_ops(cpu).sampling_probs(logits, 0.7, 0, 0.9),
                        cpu.sampling_probs(logits, 0.7, 0, 0.9))
 
 
@@ -153,7 +150,8 @@ def test_sampled_accept_equals_the_torch_acceptance(cpu, case: int) -> None:
         for seed in range(20):
             logits = torch.randn(n, V, generator=g) * 2
             logits[parents[1:], tokens[1:]] += 4
-            got = sampled_acceptance(vin, logits, params, torch.Generator().manual_seed(seed))
+            got = sampled_acceptance(vin, logits, params, torch.Generator().manual_seed(seed),
+                                     cpp_ops(cpu))
             want = sampled_acceptance_torch(vin, logits, params,
                                             torch.Generator().manual_seed(seed))
             for field in ("accepted_nodes", "num_accepted", "emitted"):
@@ -180,12 +178,22 @@ def test_compact_rows_equals_the_reference(cpu, case: int) -> None:
         assert torch.equal(got, want), name
 
 
-def test_the_engine_dispatches_to_them_once_built(cpu) -> None:
-    t = torch.zeros(2)
-    assert kernels.cpu_step(t) is cpu
+def test_the_backend_is_the_engines_choice_not_the_process(cpu) -> None:
+    """q4 engines hold the C++ ops; a dense CPU engine the definitions, also in a process that
+    built the C++ module (an engine loaded earlier does not change a later one's ops)."""
+    assert step_ops(torch.device("cpu"), cpp=True).cpp is cpu
+    assert step_ops(torch.device("cpu"), cpp=False) is TORCH
+    from eagle_engine.engine import EagleEngine
+    from eagle_engine.selfcheck import IdTokenizer, tiny_models
+
+    target, _ = tiny_models("cpu")
+    engine = EagleEngine(target, IdTokenizer(), {}, EngineConfig(dtype="fp32", max_len=64,
+                                                                 weights="dense"))
+    assert engine.ops is TORCH
     parents = torch.tensor([-1, 0, 0, 1])
-    assert all(torch.equal(a, b) for a, b in zip(kernels.build_tree_from_parents(parents, 3),
-                                                 reference.build_tree_from_parents(parents, 3)))
+    assert all(torch.equal(a, b) for a, b in zip(
+        cpp_ops(cpu).build_tree_from_parents(parents, 3),
+        reference.build_tree_from_parents(parents, 3)))
 
 
 def test_bad_input_is_refused_naming_it(cpu) -> None:
@@ -256,8 +264,7 @@ def _chain(g: torch.Generator, drafted, kind: str):
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_build_tree_equals_merge_then_build(cpu, monkeypatch: pytest.MonkeyPatch,
-                                            seed: int) -> None:
+def test_build_tree_equals_merge_then_build(cpu, seed: int) -> None:
     from eagle_engine.config import TreeParams
     from eagle_engine.tree import tree_input
 
@@ -270,10 +277,9 @@ def test_build_tree_equals_merge_then_build(cpu, monkeypatch: pytest.MonkeyPatch
     tree = TreeParams(K, S, n, min_score=[0.0, 0.25, 0.1, 0.5625][seed // 6],
                       context_extra=[0, 2, 5][seed // 3 % 3])
     root = torch.tensor([11])
-    got = tree_input(drafted, ctx, root, 7, tree)
+    got = tree_input(drafted, ctx, root, 7, tree, cpp_ops(cpu))
     assert bool((got.scores[1:] >= tree.min_score).all()) and got.tokens.numel() <= tree.max_rows
-    monkeypatch.setattr(cpu_lowbit, "built", lambda: None)
-    want = tree_input(drafted, ctx, root, 7, tree)
+    want = tree_input(drafted, ctx, root, 7, tree, TORCH)
     for field in ("tokens", "parents", "depth", "ancestors", "retrieve_indices", "scores",
                   "sources"):
         assert torch.equal(getattr(got, field), getattr(want, field).contiguous()), field

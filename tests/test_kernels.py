@@ -96,17 +96,18 @@ def test_wrappers_refuse_bad_inputs() -> None:
         kv_compact.compact_kv(torch.zeros(1, 1, 8, 4), torch.tensor([6, 7]), 7)
 
 
-def test_cpu_dispatch_gives_the_reference_results() -> None:
+def test_backends_by_device() -> None:
+    assert kernels.step_ops(torch.device("cpu"), cpp=False) is kernels.TORCH
+    assert kernels.step_ops(torch.device("meta"), cpp=True) is kernels.TORCH
     parents = torch.tensor([-1, 0, 0, 1])
-    assert not kernels.use_triton(parents)
-    got = kernels.build_tree_from_parents(parents, 2)
+    got = kernels.TORCH.build_tree_from_parents(parents, 2)
     want = reference.build_tree_from_parents(parents, 2)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.cuda
 def test_kernels_on_the_device_match_reference() -> None:
-    assert kernels.use_triton(torch.zeros(1, device="cuda"))
-    results = kernel_mismatches(kernels, "cuda")
+    assert kernels.step_ops(torch.device("cuda"), cpp=False) is kernels.TRITON
+    results = kernel_mismatches(kernels.TRITON, "cuda")
     assert {name: failures for name, (_, failures) in results.items()} == {
         "tree_build": [], "verify_greedy": [], "kv_compact": []}

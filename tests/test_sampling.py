@@ -16,6 +16,8 @@ sampler primitives (`target_probs`, `sample_from`).
 """
 from __future__ import annotations
 
+import functools
+
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +32,8 @@ from scipy.stats import chisquare
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.context_draft import ContextIndex
 from eagle_engine.io_struct import DraftTree, EagleVerifyInput, NodeSource
-from eagle_engine.kernels import build_tree_from_parents, cpu_lowbit
+from eagle_engine.kernels import TORCH, cpp_ops, cpu_lowbit
+from eagle_engine.kernels.reference import build_tree_from_parents
 from eagle_engine.sampling import next_token, sample_from, target_probs
 from eagle_engine.tree import build_tree, merge_context
 from tests.helpers import accept_sampled
@@ -211,18 +214,16 @@ def test_trees_are_valid_and_draft_something(synthetic: SyntheticTarget) -> None
 
 
 @pytest.fixture(params=["torch", "kernels"])
-def sampler(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """What the engine samples and accepts with: the torch references, or the C++ kernels."""
-    if request.param == "kernels":
-        cpu_lowbit.load()
-    else:
-        monkeypatch.setattr(cpu_lowbit, "built", lambda: None)
-    return request.param
+def sampler(request: pytest.FixtureRequest) -> Rule:
+    """What the engine samples and accepts with: the torch definitions, or the C++ kernels (the
+    step backend of a q4 engine)."""
+    ops = cpp_ops(cpu_lowbit.load()) if request.param == "kernels" else TORCH
+    return functools.partial(accept_sampled, ops=ops)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_engine_rule_is_lossless(synthetic: SyntheticTarget, sampler: str, name: str) -> None:
-    stat, p, tv = run(synthetic, accept_sampled, CONFIGS[name])
+def test_engine_rule_is_lossless(synthetic: SyntheticTarget, sampler: Rule, name: str) -> None:
+    stat, p, tv = run(synthetic, sampler, CONFIGS[name])
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
 
@@ -248,8 +249,8 @@ def test_context_trees_mix_both_sources(with_context: ContextSyntheticTarget) ->
 
 @pytest.mark.parametrize("name", ["T1", "T1.3_topp0.8"])
 def test_engine_rule_is_lossless_with_context_drafts(with_context: ContextSyntheticTarget,
-                                                     sampler: str, name: str) -> None:
-    stat, p, tv = run(with_context, accept_sampled, CONFIGS[name], seed=2)
+                                                     sampler: Rule, name: str) -> None:
+    stat, p, tv = run(with_context, sampler, CONFIGS[name], seed=2)
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e} tv={tv:.4f}"
     assert tv < 0.05
 

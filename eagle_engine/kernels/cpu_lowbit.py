@@ -92,13 +92,6 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
     return module
 
 
-def built() -> ModuleType | None:
-    """The module once this process has loaded the kernels (q4 weights load them), else None;
-    never builds. The per-iteration steps (`cpu_step.cpp`) run where it is there and their
-    torch references elsewhere (a dense target, a CPU without the kernels' vector flags)."""
-    return load() if load.cache_info().currsize else None
-
-
 def q4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int
               ) -> torch.Tensor:
     """x [M, K] float32 @ q4 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q4`)."""
