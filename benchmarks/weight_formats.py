@@ -43,7 +43,8 @@ def closeness(reference: EagleEngine, engines: dict[str, EagleEngine],
         pos, mask = torch.arange(n)[None], causal_mask(n, 0, "cpu")
 
         def logits(e: EagleEngine) -> torch.Tensor:
-            return e.target(seq, pos, e.cache, 0, mask).logits[0, first:].float()  # [T, V]
+            cache = e.target.new_cache(max_len=n)
+            return e.target(seq, pos, cache, 0, mask).logits[0, first:].float()  # [T, V]
         ref = logits(reference).log_softmax(-1)
         for label, e in engines.items():
             got = logits(e).log_softmax(-1)

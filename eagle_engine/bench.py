@@ -143,11 +143,12 @@ def target_forward(engine, n: int, context: int,  # noqa: ANN001 - EagleEngine
     """A target forward of `n` tokens after `context` tokens, causal (a chain-shaped tree), as a
     callable for `interleaved_medians`."""
     target, dev = engine.target, engine.target.device
+    cache = target.new_cache(max_len=context + n)
 
     def forward() -> None:
         ids = torch.zeros(1, n, dtype=torch.long, device=dev)
         pos = torch.arange(context, context + n, device=dev)[None]
-        target(ids, pos, engine.cache, context, causal_mask(n, context, dev) if n > 1 else None,
+        target(ids, pos, cache, context, causal_mask(n, context, dev) if n > 1 else None,
                aux_layer_ids)
     return forward
 

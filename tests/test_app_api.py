@@ -426,10 +426,10 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
     engines[1].config = EngineConfig(target="fake", weights="q4")
     tuned = autotune.Tuned("eagle3-aux-1layer", {
         "fp32": autotune.Measured("fp32", 17.0, {"k4 s3 n8": 18.0},
-                                  {"k4 s3 n8": (4, 3, 8, 0.0, 0, 0.0)}, chosen="k4 s3 n8"),
+                                  {"k4 s3 n8": "k=4,s=3,n=8"}, chosen="k4 s3 n8"),
         "q4": autotune.Measured("q4", 100.0, {"k2 s2 n3": 104.0, "k3 s2 n4 min0.2": 109.0},
-                                {"k2 s2 n3": (2, 2, 3, 0.0, 0, 0.0),
-                                 "k3 s2 n4 min0.2": (3, 2, 4, 0.2, 0, 0.0)},
+                                {"k2 s2 n3": "k=2,s=2,n=3",
+                                 "k3 s2 n4 min0.2": "k=3,s=2,n=4,cut=0.2"},
                                 chosen="k3 s2 n4 min0.2")},
         ["q4", "fp32"], 21.0, "test CPU")
     ordered = autotune.apply(engines, tuned)

@@ -24,8 +24,8 @@ def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
     monkeypatch.setattr(autotune, "FIRST_ANSWER", 8)
     monkeypatch.setattr(autotune, "CANDIDATES", {
-        "q4": ((2, 2, 3, 0.0, 0, 0.0), (1, 2, 3, 0.0, 8, 0.5)),
-        "dense": ((4, 3, 8, 0.0, 0, 0.0), (2, 2, 4, 0.3, 0, 0.0))})
+        "q4": (TreeParams(2, 2, 3), TreeParams(1, 2, 3, context_extra=8, step_cut=0.5)),
+        "dense": (TreeParams(4, 3, 8), TreeParams(2, 2, 4, min_score=0.3))})
 
 
 DENSE = [TreeParams(4, 3, 8), TreeParams(2, 2, 4, min_score=0.3)]  # the candidates above
