@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import gradio as gr
 
+from eagle_engine import memory
 from eagle_engine import ui_render as ui
 from eagle_engine.config import (CHAIN_SURE, CONTEXT_DRAFTS, ConfigError, EngineConfig,
                                  SamplingParams, TreeParams, gguf_target)
@@ -48,6 +49,9 @@ HEADS = ROOT / "assets" / "heads"  # the bundled heads, for the bundled target
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
 PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its next turn
+# page sessions kept (Gradio keeps 10,000 by default, ~0.16 MB each: 1.6 GB, grown visitor by
+# visitor); a visitor idle while this many others came starts a new chat
+MAX_SESSIONS = 256
 # A frame costs Gradio tens of ms, more than an engine step (docs/results.md, section 9), and a
 # browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
 # much as at 0.25 s (section 36). Events within this interval share a frame.
@@ -316,7 +320,10 @@ class Playground:
                            "again (your message stays in the box).")
                 yield pack()  # a run that yields no frame empties every output
                 return
-            yield from self._answer(turns, user_text, s, stop, from_box)
+            try:
+                yield from self._answer(turns, user_text, s, stop, from_box)
+            finally:  # what the answer freed goes back to the system (`memory.py`)
+                memory.trim()
 
     def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
                 stop: threading.Event, from_box: bool) -> Iterator[tuple]:
@@ -718,6 +725,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-cache-mb", type=int, default=PREFIX_CACHE_MB,
                    help="memory (MB) for reusing a conversation's cached rows on its next turn "
                    "(least recently used first out; 0 prefills every turn in full)")
+    p.add_argument("--max-sessions", type=int, default=MAX_SESSIONS,
+                   help="page sessions whose state (chat history, Gradio's copy of the page's "
+                   "config, ~0.16 MB each) is kept; the least recently used goes first")
     p.add_argument("--single-weights", action="store_true",
                    help="do not load the second copy of a GGUF target (q4 <-> dense) that the "
                    "sidebar's 'Target weights' offers on a CPU")
@@ -809,6 +819,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     args = parse_args(argv)
+    memory.tune_malloc()  # before the engines allocate
     worker = EngineThread()
     try:
         engines = worker.call(load_engines, args)
@@ -831,7 +842,8 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()
     log.info("%d objects of the loaded engines and UI left out of garbage collection",
              gc.get_freeze_count())
-    demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"])
+    demo.launch(theme=gr.themes.Soft(), css_paths=[CSS], footer_links=["api", "gradio"],
+                state_session_capacity=args.max_sessions)
 
 
 if __name__ == "__main__":

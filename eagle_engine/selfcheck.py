@@ -455,6 +455,32 @@ def batch_parity(engines: tuple[EagleEngine, EagleEngine], head: str,
                 f"{same}/{len(answers[0])} answers equal", same == len(answers[0]))]
 
 
+VISITORS = 4  # requests the report steps together, as the app's default --max-batch
+
+
+def time_together(engine: EagleEngine, head: str | None, tree: TreeParams,
+                  prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """`VISITORS` greedy requests at a time (the prompts in turn) stepped together by the
+    engine's scheduler, as the app's visitors are: tokens/s of all of them together, wall
+    time from their submission to the last event (prefills included)."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    for _ in range(2):  # captures the graphs of every slot
+        handles = [engine.scheduler.submit(prompts[0], replace(params, max_new_tokens=8),
+                                           tree, head, trace=False) for _ in range(VISITORS)]
+        engine.scheduler.run_until_idle()
+    batches = [[prompts[(i + j) % len(prompts)] for j in range(VISITORS)]
+               for i in range(0, len(prompts), VISITORS)]
+    tokens, seconds = 0, 0.0
+    for batch in batches:
+        t0 = time.perf_counter()
+        handles = [engine.scheduler.submit(p, params, tree, head, trace=False) for p in batch]
+        engine.scheduler.run_until_idle()
+        seconds += time.perf_counter() - t0
+        tokens += sum(list(h.events())[-1].stats["num_tokens"] for h in handles)
+    return {"status": "ran", "requests": sum(map(len, batches)), "tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0}
+
+
 def count_syncs(engine: EagleEngine, head: str | None, tree: TreeParams, prompt: list[int],
                 params: SamplingParams) -> dict:
     """Host syncs of each iteration of one request (the prefill's event apart), counted with
@@ -521,6 +547,15 @@ def measure(args: argparse.Namespace, cuda: bool, budget: Budget) -> dict:
                 continue
             syncs.append(budget.skip(row) if budget.spent() else
                          {**row, **count_syncs(engines[graphs], name, tree, prompts[0], params)})
+    together = []  # the app's path with several visitors: the scheduler steps them together
+    for mode, graphs, name in runs:
+        row = {"mode": mode, "graphs": graphs == "graphs", "visitors": VISITORS}
+        if graphs == "graphs" and not cuda:
+            together.append({**row, **no_cuda})
+            continue
+        together.append(budget.skip(row) if budget.spent() else
+                        {**row, **time_together(engines[graphs], name, tree, prompts,
+                                                args.max_new_tokens)})
     phases = phase_rows(timings, loaded, head, tree, prompts, args, cuda, budget)
     for t in timings:
         t.pop("answers", None)
@@ -529,7 +564,8 @@ def measure(args: argparse.Namespace, cuda: bool, budget: Budget) -> dict:
                        "dtype": config.dtype, "tree": dataclasses.asdict(tree)},
             "prompts": {"source": source, "count": len(prompts),
                         "max_new_tokens": args.max_new_tokens},
-            "timings": timings, "speedups": speedups(by_key), "syncs_per_iteration": syncs,
+            "timings": timings, "visitors_together": together, "speedups": speedups(by_key),
+            "syncs_per_iteration": syncs,
             "phase_ms": phases}
 
 
@@ -629,6 +665,12 @@ def table_rows(rep: dict) -> list[Row]:
         if t["tau"] is not None:
             detail += f", tau {t['tau']:.2f}, greedy same as plain {t['greedy_same_as_plain']}"
         rows.append(Row(name, f"{t['tokens_per_s']:.1f}", detail))
+    for t in rep.get("visitors_together", []):
+        name = f"tokens/s {t['mode']} {'graphs' if t['graphs'] else 'eager'}, " \
+               f"{t['visitors']} visitors at once"
+        rows.append(Row(name, f"{t['tokens_per_s']:.1f}" if t["status"] == "ran" else "skipped",
+                        f"{t['tokens']} tokens over {t['requests']} requests"
+                        if t["status"] == "ran" else t["reason"]))
     for sp in rep.get("speedups", []):
         rows.append(Row(sp["name"], f"{sp['value']:.2f}x" if sp["status"] == "ran"
                         else "skipped", sp.get("reason", "")))

@@ -3,8 +3,8 @@
 A request restores the rows its prompt shares with an earlier request and prefills the rest.
 With q4 weights both caches after that prefill equal a fresh prefill bit for bit, and so does
 every answer of a conversation with reuse; dense fp32 agrees up to rounding. The cache stays
-within its byte bound, evicting the least recently used entry, and never hands a head's draft
-rows to another head.
+within its byte bound in one pool made once (eviction frees nothing), evicting the least
+recently used entry, and never hands a head's draft rows to another head.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from eagle_engine.accept import extend
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.run import Run
-from eagle_engine.prefix_cache import PrefixCache, PrefixEntry, reusable_rows
+from eagle_engine.kv_cache import KVCache
+from eagle_engine.prefix_cache import BLOCK_ROWS, PrefixCache, PrefixEntry, RowLayout, reusable_rows
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -141,8 +142,8 @@ def test_a_baseline_run_keeps_the_heads_rows_for_the_next_turn(engine: EagleEngi
 
 
 def entry(tokens: list[int], head: str | None = None, draft_rows: int = 0) -> PrefixEntry:
-    draft = torch.zeros(2, 1, draft_rows, 8) if head else None
-    return PrefixEntry(tuple(tokens), torch.zeros(4, 1, len(tokens), 8), head, draft)
+    """An entry's bookkeeping alone (no rows in a pool), for `reusable_rows`."""
+    return PrefixEntry(tuple(tokens), [], head, [], draft_rows)
 
 
 def test_reusable_rows() -> None:
@@ -155,40 +156,67 @@ def test_reusable_rows() -> None:
     assert reusable_rows(e, [7, 2, 3], None) == 0
 
 
-def test_lru_eviction_within_the_byte_bound() -> None:
-    per_row = 4 * 1 * 8 * 4  # [4, 1, row, 8] float32
-    cache = PrefixCache(max_bytes=30 * per_row)
+def caches(tmp_path: Path) -> tuple[EagleEngine, KVCache, KVCache]:
+    engine = tiny_engine(tmp_path, {"head": {}}, max_len=128)
+    target, draft = engine.target.new_cache(max_len=64), engine.heads["head"].new_cache(64)
+    target.data.normal_()
+    draft.data.normal_()
+    return engine, target, draft
 
-    def store(tokens: list[int]) -> None:
-        e = entry(tokens)
-        cache._entries[e.tokens] = e  # as `store` would, without a KVCache
-        while cache.nbytes > cache.max_bytes:
-            cache._entries.popitem(last=False)
 
+def test_lru_eviction_within_the_pools_blocks(tmp_path: Path) -> None:
+    _, cache, _ = caches(tmp_path)
+    block = RowLayout.of(cache).row_bytes * BLOCK_ROWS  # the blocks are 64-byte aligned rows
+    pc = PrefixCache(max_bytes=3 * block + 100)  # three blocks
     a, b, c = list(range(1, 11)), list(range(20, 30)), list(range(40, 50))
-    store(a)
-    store(b)
-    store(c)
-    assert len(cache) == 3
-    assert cache.lookup(a + [99], None).rows == 10  # `a` becomes the most recently used
-    store(list(range(60, 70)))  # over the bound: the least recently used (`b`) goes
-    assert cache.nbytes <= cache.max_bytes
-    assert cache.lookup(b + [99], None) is None and cache.lookup(a + [99], None) is not None
+    for tokens in (a, b, c):
+        pc.store(tokens, cache, None, None, 0)
+    assert len(pc) == 3 and pc.nbytes == 3 * pc.pool.block_bytes <= pc.max_bytes
+    assert pc.lookup(a + [99], None).rows == 10  # `a` becomes the most recently used
+    pc.store(list(range(60, 70)), cache, None, None, 0)  # no free block: `b` goes
+    assert pc.nbytes <= pc.max_bytes and len(pc) == 3
+    assert pc.lookup(b + [99], None) is None and pc.lookup(a + [99], None) is not None
+    pc.store(list(range(100, 100 + 2 * BLOCK_ROWS)), cache, None, None, 0)  # two blocks
+    assert len(pc) == 2 and sorted(pc.pool.free) == []
+
+
+def test_the_pool_is_made_once_and_churn_never_grows_it(tmp_path: Path) -> None:
+    """Entries of every size come and go (with and without a head's draft rows); the pool's
+    buffer is the one made at the first store, and every block is held or free, once."""
+    _, cache, draft = caches(tmp_path)
+    pc = PrefixCache(max_bytes=40 * RowLayout.of(cache).row_bytes)
+    pc.store([1, 2, 3], cache, "head", draft, 2)
+    buffer = pc.pool.buffer
+    g = torch.Generator().manual_seed(0)
+    for i in range(200):
+        n = int(torch.randint(1, 40, (), generator=g))
+        head = "head" if i % 3 else None
+        pc.store(torch.randint(3, 90, (n,), generator=g).tolist(), cache, head, draft, n - 1)
+        held = [b for e in pc._entries.values() for b in e.blocks + e.draft_blocks]
+        assert sorted(held + pc.pool.free) == list(range(pc.pool.num_blocks))
+        assert pc.nbytes <= pc.max_bytes
+    assert pc.pool.buffer is buffer and buffer.numel() <= pc.max_bytes
 
 
 def test_store_copies_rows_supersedes_prefixes_and_respects_the_bound(tmp_path: Path) -> None:
-    engine = tiny_engine(tmp_path, {"head": {}}, max_len=128)
-    cache = engine.target.new_cache(max_len=64)
-    cache.data.normal_()
+    _, cache, draft = caches(tmp_path)
     pc = PrefixCache(max_bytes=cache.data[:, :, :40].nbytes)
     pc.store(list(range(10)), cache, None, None, 0)
     pc.store(list(range(20)), cache, None, None, 0)  # extends the first: replaces it
-    assert len(pc) == 1 and pc.nbytes == cache.data[:, :, :20].nbytes
+    assert len(pc) == 1 and pc.nbytes == 2 * pc.pool.block_bytes
     stored = pc.lookup(list(range(25)), None)
-    assert stored.rows == 20 and torch.equal(stored.entry.target, cache.data[:, :, :20])
+    assert stored.rows == 20 and torch.equal(pc.rows(stored.entry), cache.data[:, :, :20])
     cache.data.zero_()  # a copy, not a view
-    assert stored.entry.target.abs().sum() > 0
+    assert pc.rows(stored.entry).abs().sum() > 0
     pc.store(list(range(100, 150)), cache, None, None, 0)  # larger than the bound: not kept
     assert len(pc) == 1
-    pc.store(list(range(200, 230)), cache, None, None, 0)  # evicts the older entry
+    # a head's rows (a block of target rows, one of draft rows: the 20 rows make room), then
+    # the baseline over the same tokens and more: it replaces that entry and keeps its draft rows
+    pc.store(list(range(200, 210)), cache, "head", draft, 9)
     assert len(pc) == 1 and pc.lookup(list(range(25)), None) is None
+    pc.store(list(range(200, 212)), cache, None, None, 0)
+    hit = pc.lookup(list(range(200, 215)), "head")
+    assert len(pc) == 1 and hit.rows == 9 and hit.entry.tokens == tuple(range(200, 212))
+    restored = torch.zeros_like(draft.data)
+    pc.pool.read(hit.entry.draft_blocks, hit.entry.draft_layout, restored, 9)
+    assert torch.equal(restored[:, :, :9], draft.data[:, :, :9])
