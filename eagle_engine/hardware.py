@@ -21,7 +21,7 @@ def cache_root() -> Path:
 def native_bf16(device: str) -> bool:
     """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
     without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
-    cost ~9x one token in bf16, ~2x in fp32; docs/results.md, section 4)."""
+    cost ~9x one token in bf16, ~2x in fp32, `bench --costs`)."""
     if device.startswith("cuda"):
         return True
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()

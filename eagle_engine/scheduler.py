@@ -303,7 +303,7 @@ class Scheduler:
         p.handle.run = run
         req = _Active(p.handle, run, slot, n, root=root)
         if run.draft_model is not None:
-            req.ext = ext  # run once the step's tokens are out (`_extend_prompts`)
+            req.ext = ext  # read at the next step, its first token out (`_read_prompts`)
         else:
             req.token = root
         return req
