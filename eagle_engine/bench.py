@@ -8,7 +8,7 @@ without drafts from the context; `--costs` measures the verify cost of N tree to
 draft step cost relative to one target step; `--other-weights-trees` loads the target a second
 time with the other weight format (q4 <-> dense) and runs its baseline and EAGLE-3 with those
 trees in the same rounds.
-Not here: the decoding itself (`engine.py`).
+Not here: the decoding itself (`scheduler.py`, `run.py`).
 """
 from __future__ import annotations
 

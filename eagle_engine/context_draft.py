@@ -12,7 +12,7 @@ length; a chain node's probability is the product, down the chain, of the smooth
 of the match lengths it extends (`PRIOR_HIT_RATE` stands in while counts are few). That is the
 rate at which the target accepts such a node, the same quantity as the head's path
 probability, so the two compete for the tree's budget on one scale (`tree.merge_context`).
-Not here: merging into the tree (`tree.py`) or the engine's loop (`engine.py`).
+Not here: merging into the tree (`tree.py`) or the engine's loop (`scheduler.py`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the engine streams to its callers (CLI, app, bench): one `StepEvent` per iteration, in
 both EAGLE and baseline modes, plus the running statistics. Plain data, no tensors, so events
-serialize to JSON as they are. Not here: how the numbers are produced (`engine.py`)."""
+serialize to JSON as they are. Not here: how the numbers are produced (`run.py`, `scheduler.py`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields

@@ -19,7 +19,7 @@ CUDA, `CudaSyncs` counts what `torch.cuda.set_sync_debug_mode("warn")` reports (
 syncs inside C++ ops). Copies of tensors from the CPU to a device are not counted (a CPU run
 makes none).
 `per_step` counts per item of an iterator (one engine iteration per event of `EagleEngine.stream`).
-Not here: removing syncs (`engine.py`, `accept.py`, `verify.py`) or the report (`selfcheck.py`).
+Not here: removing syncs (`scheduler.py`, `accept.py`, `verify.py`) or the report (`selfcheck.py`).
 """
 from __future__ import annotations
 

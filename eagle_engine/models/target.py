@@ -5,7 +5,7 @@ that also runs Qwen3 dense targets (per-head q/k RMSNorm before RoPE, `TargetCon
 write at, and an explicit mask (causal, ragged or tree), and returns logits together with the
 aux hidden states EAGLE-3 consumes (inputs of the chosen layers, un-normalized, concatenated in
 ascending layer order) and the final normed hidden state. No state lives on the model between
-calls. Not here: loading weights (`loader.py`), decoding loops (`baseline.py`, `engine.py`).
+calls. Not here: loading weights (`loader.py`), decoding loops (`baseline.py`, `scheduler.py`).
 """
 from __future__ import annotations
 
