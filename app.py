@@ -52,13 +52,13 @@ PREFIX_CACHE_MB = 512  # memory for reusing a conversation's cached rows on its 
 # page sessions kept (Gradio keeps 10,000 by default, ~0.16 MB each: 1.6 GB, grown visitor by
 # visitor); a visitor idle while this many others came starts a new chat
 MAX_SESSIONS = 256
-# A frame costs Gradio tens of ms, more than an engine step (docs/results.md, section 9), and a
+# A frame costs Gradio tens of ms, more than an engine step, and a
 # browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
-# much as at 0.25 s (section 36). Events within this interval share a frame.
+# much as at 0.25 s. Events within this interval share a frame.
 FRAME_INTERVAL_S = 0.25
 # Gradio's progress display on the status line while an answer streams. "full" animates an
 # overlay there: with a browser on the same cores, the browser used ~12% more CPU and the engine
-# ran ~7% slower than with "minimal" (the elapsed time alone; docs/results.md, section 38). The
+# ran ~7% slower than with "minimal" (the elapsed time alone). The
 # status line itself says what the engine is doing.
 PROGRESS = "minimal"
 # Pages at most this wide (phones) open with the sidebar closed: open, it covers the chat.
@@ -96,14 +96,14 @@ COPY_AS_TEXT_JS = """() => {
     }, true); }"""
 # A conversation past the context window leaves out its oldest turns until it fills at most
 # this share of the window, so its next turns start their prompt the same way and reuse its
-# cached rows instead of reading the whole window again (docs/results.md, section 42).
+# cached rows instead of reading the whole window again.
 KEEP_WHEN_FULL = 0.75
 # How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
 # a prefill at worst) before Gradio cancels the run between two frames.
 STOP_WAIT_S = 10.0
 # What Stop says when the session streams nothing: Gradio's `cancels` do not reach an answer
 # still waiting in its queue (a visitor beyond the --max-batch answered at once), which starts
-# when its turn comes (docs/results.md, section 43).
+# when its turn comes.
 NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting in the queue "
                      "(the status line shows its place) cannot be taken back there: it starts "
                      "when its turn comes, and Stop ends it then.")
@@ -180,7 +180,7 @@ class EngineThread:
     more OpenMP threads than cores their workers stop spinning between parallel regions, so
     every oneDNN linear and attention call waits for sleeping workers: stepped from Gradio's
     worker threads after a load in the main thread, the engine decoded 1.6-1.75x slower on a
-    2-core CPU (docs/results.md, section 9). One thread also runs one step
+    2-core CPU. One thread also runs one step
     at a time, so the step a cancelled run had in flight finishes before the next run's
     prefill starts."""
 
@@ -199,10 +199,10 @@ class StopFlags:
     """The Stop button, the cooperative way: a session's streaming answer holds a flag that it
     reads after every engine step, and ends with a last frame once the flag is set. Gradio's
     `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
-    "Error" badge on the status line (Gradio 6.31; docs/results.md, section 42); it now only
+    "Error" badge on the status line (Gradio 6.31); it now only
     ends an answer that did not end within STOP_WAIT_S. It cannot take back an answer still
-    waiting in Gradio's queue, which has no flag yet: Gradio cancels running events only
-    (section 43). A session streams one answer at a time: two would write the same chat, and
+    waiting in Gradio's queue, which has no flag yet: Gradio cancels running events only.
+    A session streams one answer at a time: two would write the same chat, and
     the last to end would drop the other's turn."""
 
     def __init__(self) -> None:
@@ -440,7 +440,7 @@ class Playground:
 
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
-        small trees best: docs/results.md, section 4)."""
+        small trees best)."""
         tree = self.engines[weights].default_tree
         return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
                 gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score),
@@ -832,13 +832,13 @@ def main(argv: list[str] | None = None) -> None:
     log.info("plain decoding speed of the %s weights measured in %.1f s (for the speedup "
              "estimate)%s", first, time.perf_counter() - t0, "; the other weights' is measured "
              "on the engine thread as the UI starts" if len(engines) > 1 else "")
-    for engine in engines[1:]:  # dense fp32: 5-6 s of a 25 s start (docs/results.md, 35)
+    for engine in engines[1:]:  # dense fp32: 5-6 s of a 25 s start
         rates[engine.config.weights_label] = rate = PlainRate()
         worker.submit(fill_rate, engine, rate)
     demo = build_demo(engines, worker, rates=rates, max_batch=engines[0].config.max_batch)
     demo.queue(max_size=16, default_concurrency_limit=1)
     # The loaded engines and UI are ~0.5M tracked objects that live as long as the process: a
-    # full collection over one engine's stalled a stream ~0.2 s once in ~40 answers (results 40).
+    # full collection over one engine's stalled a stream ~0.2 s once in ~40 answers.
     gc.freeze()
     log.info("%d objects of the loaded engines and UI left out of garbage collection",
              gc.get_freeze_count())

@@ -64,7 +64,7 @@ ROUNDS = 1
 NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds this many
 # standard errors of the paired samples. Five candidates face the default, each on 12 samples
 # whose standard error is itself estimated: at 2.0 a tie passed ~15% of the time, and 2 of 7
-# runs on one CPU chose a tree the full MT-bench put 2.5% behind (docs/results.md, section 40);
+# runs on one CPU chose a tree the full MT-bench put 2.5% behind;
 # at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 

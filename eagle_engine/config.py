@@ -348,7 +348,7 @@ CONTEXT_DRAFTS = True
 # costs ~0.3 of a token's time on the 2-core CPUs (~0.6 ms against ~1.9 ms a token on the
 # AVX-512 EPYC, ~1.8 against ~5.3 on the AVX2 EPYC); such chain nodes scored 0.3-0.4 were
 # accepted 0.69 of the time on MT-bench. Thresholds of 0.2-0.5 ran at the same speed there, with
-# tau 2.577-2.462; 0.3 keeps a margin where rows cost more (docs/results.md, section 46)
+# tau 2.577-2.462; 0.3 keeps a margin where rows cost more
 CHAIN_SURE = 0.3
 
 
@@ -376,7 +376,6 @@ class TreeParams:
     check reads the scores back to the host, and such a tree drafts without its CUDA graph."""
 
     # defaults = the fastest shape of the measured dense sweep on the 2-core CPU
-    # (docs/results.md, section 4)
     topk: int = 4
     num_steps: int = 3
     num_draft_tokens: int = 8
@@ -468,12 +467,12 @@ class TreeParams:
 
 
 # q4 target weights: k3 s2 n5 with a cut of 0.1, up to 8 sure nodes of the context's chain past
-# the budget (`CHAIN_SURE`; section 46 of docs/results.md) and a step cut of 0.5. A q4 tree row
+# the budget (`CHAIN_SURE`) and a step cut of 0.5. A q4 tree row
 # costs a fifth to a third of a one-token step on a 2-core CPU and the head's second step about
 # an eighth, so that step runs only where the head is sure of its first draft (about half the
-# iterations); the cut leaves out nearly hopeless drafts (section 20). Full MT-bench, default
+# iterations); the cut leaves out nearly hopeless drafts. Full MT-bench, default
 # head, AVX-512 EPYC: tau 2.811, level with k3 s1 n4 or up to 1.6% faster (sections 47, 48).
-# Not measured on the AVX2 EPYC, where the head's step costs more of a token (section 32): the
+# Not measured on the AVX2 EPYC, where the head's step costs more of a token: the
 # app and `python -m eagle_engine tune` measure k3 s1 n4 among the candidates on each machine
 # and keep this default unless another is faster beyond the noise (`autotune.py`).
 Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)

@@ -9,7 +9,7 @@
   * copies from a device to the CPU (`aten._to_copy`, `aten.copy_`);
   * uploads of Python data (`torch.tensor(data)`, `torch.as_tensor(data)`): a copy from
     pageable host memory, which waits for the device on CUDA. A Python scalar written into a
-    tensor is not counted, though on CUDA it waits too (docs/results.md, section 37): code that
+    tensor is not counted, though on CUDA it waits too: code that
     runs there uploads through a pinned buffer (`tree.uploaded`);
   * ops whose output shape depends on the data (`nonzero`, `masked_select`, boolean indexing).
 On CPU nothing waits, but each of these is a sync when the same code runs on a GPU, so the CPU

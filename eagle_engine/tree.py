@@ -23,7 +23,7 @@ def uploaded(values: list[int] | list[float], dtype: torch.dtype, device: torch.
     """[len(values)] on `device` without the host waiting for it (`sync_count`). On CUDA a
     pinned buffer is copied asynchronously: an upload from pageable memory, or a scalar written
     into the tensor, waits for the device there (each of the chain's values was a sync in
-    tests/test_syncs.py on an H200; docs/results.md, section 37). Elsewhere the values are
+    tests/test_syncs.py on an H200). Elsewhere the values are
     written into the tensor one by one, which `sync_count` sees as what it is on CPU: no
     upload."""
     if device.type == "cuda":
@@ -39,7 +39,7 @@ def merge_context(drafted: DraftTree, ctx: ContextDraft, tree: TreeParams) -> Dr
     device. Where the chain runs along head candidates (the same tokens from the root down),
     those candidates become BOTH and score 1 - (1 - head) * (1 - chain): right where either
     source is, the two taken as independent (a node both proposed was accepted more often than
-    either probability said; docs/results.md, section 48). The chain's own copies of them get
+    either probability said). The chain's own copies of them get
     score -1, below every probability, so they are never selected (the head alone fills the
     budget: `TreeParams` checks its capacity) and siblings stay distinct. The rest of the chain
     hangs below the last shared node, its scores that node's times the chain's own rates past it

@@ -104,7 +104,7 @@ def test_ttt_attention_on_cuda_runs_no_cudnn_kernel() -> None:
     """On CUDA, in bf16 at the bundled target's head size (the shapes training runs, for which
     PyTorch picks cuDNN's attention by itself), the TTT attention runs another kernel and still
     equals the float32 attention on the CPU: cuDNN built a plan for every new block shape, ~1.7 s
-    of host time a training step on an H200 (docs/results.md, section 37)."""
+    of host time a training step on an H200."""
     torch.manual_seed(0)
     B, H, KVH, T, d = 2, 9, 3, 300, 64
     q = torch.randn(B, H, T, d)

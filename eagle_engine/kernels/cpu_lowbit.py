@@ -2,7 +2,7 @@
 
 No library does this job well on these CPUs: PyTorch's `_weight_int4pack_mm_for_cpu` unpacks
 the weights again for every 4 activation rows and is slow with fp32 activations, the only fast
-float activation dtype on an AVX2-only CPU (docs/results.md, section 2). The C++ kernels keep the
+float activation dtype on an AVX2-only CPU. The C++ kernels keep the
 weights in GGUF block formats (q4: Q4_1 codes with a float16 scale and minimum per 32 inputs;
 q8: Q8_0 codes with a float16 scale), quantize each activation row to int8 per block of 32 (as
 llama.cpp does) and multiply in integers with AVX2 (one `vpdpbusd` per 4 inputs where the CPU has

@@ -3,7 +3,7 @@
 On CPU, `F.linear` with a plain row-major weight runs a one-token product (decode) far below
 memory bandwidth; the same product on a weight reordered once by oneDNN reads it much faster
 and is no slower for many tokens (prefill, tree verify). `benchmarks/baseline_vs_transformers.py`
-measures the whole decode with and without packing (docs/results.md, section 9).
+measures the whole decode with and without packing.
 `pack_linears` swaps every `nn.Linear` of a loaded model for a `PackedLinear` that keeps the
 dense weight (shared tensors such as a tied lm_head stay shared; checkpoint IO and dtype/device
 queries keep working) and adds the packed copy.

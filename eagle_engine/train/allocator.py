@@ -2,9 +2,9 @@
 
 The README preloads jemalloc with freed pages kept (`dirty_decay_ms:-1`): PyTorch's CPU
 allocator caches nothing, and without that setting every large tensor of a step is a fresh
-mapping that the kernel zeroes page by page (steps about 2x slower, docs/results.md section 7).
+mapping that the kernel zeroes page by page (steps about 2x slower).
 Kept pages are never returned on their own, so a run's resident memory grows as tensors of new
-sizes come (docs/results.md section 21: 24.4 GB and the OOM killer after 55 minutes on a 24 GB
+sizes come (24.4 GB and the OOM killer after 55 minutes on a 24 GB
 machine). `purge_freed_pages` returns them; without jemalloc it does nothing. Not here: when
 the training loop calls it (`trainer.py`).
 """

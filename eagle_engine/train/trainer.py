@@ -36,7 +36,7 @@ from .features import Sample
 
 
 # steps between returns of jemalloc's kept pages (`allocator.py`): a resumed CPU run grew ~0.3
-# GB a step from ~15 GB without them (docs/results.md, section 21)
+# GB a step from ~15 GB without them
 PURGE_EVERY = 10
 # the attention kernels `ttt_attention` may use: every one but cuDNN's (its docstring says why)
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -143,7 +143,7 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     each later step], so no [T, T] score matrix is built (it took gigabytes of memory per step
     on long conversations). Never cuDNN's attention: it builds a plan for every new shape, and
     the blocks' shapes change with each block and batch (on an H200 that was ~1.7 s of host time
-    a training step, against ~0.1 s of GPU time; docs/results.md, section 37)."""
+    a training step, against ~0.1 s of GPU time)."""
     T = q.shape[2]
     out = []
     with sdpa_kernel(SDPA_BACKENDS):
@@ -273,7 +273,7 @@ def step_accuracy(model: Eagle3Draft, batches: Iterable[Batch], target_head: tor
 def train_dtype(device: torch.device) -> torch.dtype:
     """The engine's 'auto' dtype (`config.resolve_dtype`): bf16 where its products are native
     (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on an AVX2-only CPU one bf16-autocast
-    step of 2048 tokens ran over 10 minutes, float32 27 s (docs/results.md, section 14)."""
+    step of 2048 tokens ran over 10 minutes, float32 27 s."""
     return parse_dtype(resolve_dtype("auto", str(device)))
 
 
