@@ -9,7 +9,7 @@ parts, `deploy/gpu_window.sh`): the target is a random `LlamaForCausalLM` of the
 target's shape (SmolLM2-135M: 30 layers, 576 wide, 49,152 tokens), which costs what the
 bundled one costs. The conversations are the first 4,000 of `data/answers/`, grouped into
 batches of `--tokens-per-batch` as `train` groups them. Two heads train on each batch, as
-`docs/results.md` section 37's run: `aux` (the shipped recipe) and `auxnorm+normout`
+in the shipped heads' GPU run: `aux` (the shipped recipe) and `auxnorm+normout`
 (EAGLE-3.1), from scratch, TTT length 6, bf16 autocast.
 
 For each setting (first the trainer's, `trainer.SDPA_BACKENDS`, for the TTT attention and the
