@@ -109,10 +109,9 @@ NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting
                      "when its turn comes, and Stop ends it then.")
 # The panels under the chat (speed tiles, step plot, tree, timing) cost the browser a redraw for
 # every frame that carries them, and a browser on the engine's cores takes that time from the
-# engine: with them in the last frame only, the engine ran ~7% faster (docs/results.md,
-# sections 38 and 50). While an answer streams they move at most once per this interval, the
-# first time one interval after the answer starts (the tokens in the chat stream every frame);
-# the last frame draws them.
+# engine: with them in the last frame only, the engine ran ~7% faster. While an answer streams
+# they move at most once per this interval, the first time one interval after the answer starts
+# (the tokens in the chat stream every frame); the last frame draws them.
 PANEL_INTERVAL_S = 1.0
 # Each has a sensible greedy answer from the bundled q4 target (tests/test_app_startup.py). Not
 # "What is the capital of France?": q4 answers it with a loop of "la France, ...", as

@@ -2,7 +2,7 @@
 
     git worktree add /tmp/before <commit>
     PYTHONPATH=. python benchmarks/checkouts.py --before /tmp/before --after . \
-        --prompts ../shared/data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64]
+        --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64]
 
 Starts one worker process per checkout (each imports its own `eagle_engine`, loads the bundled
 q4 target with the default head and warms up), then hands them the same workloads in turn,

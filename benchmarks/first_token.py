@@ -1,7 +1,7 @@
 """How long until a visitor sees the first token: EAGLE-3 against plain decoding, alone and
 through the scheduler (the app's path)?
 
-    PYTHONPATH=. python benchmarks/first_token.py --prompts ../shared/data/prompts/mtbench.jsonl \
+    PYTHONPATH=. python benchmarks/first_token.py --prompts data/prompts/mtbench.jsonl \
         --prompts benchmarks/long_conversations.jsonl [--limit 4] [--rounds 4]
 
 One process, the bundled q4 target and the default head. Each row's first turn is one chat

@@ -1,6 +1,6 @@
 """Where an EAGLE-3 iteration's time goes, timed in place on real answers, one process.
 
-    PYTHONPATH=. python benchmarks/iteration_steps.py --prompts ../shared/data/prompts/mtbench.jsonl \
+    PYTHONPATH=. python benchmarks/iteration_steps.py --prompts data/prompts/mtbench.jsonl \
         [--limit 4] [--tree 2,1,3[,min_score]] [--weights q4] [--temperature 0.7 --top-p 0.95]
 
 Answers the first turns of `--limit` prompts with plain decoding, then with EAGLE-3 (the default

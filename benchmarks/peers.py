@@ -1,6 +1,6 @@
 """Our engine against the tools a visitor already has, on the same CPU, in one run.
 
-    PYTHONPATH=. python benchmarks/peers.py --prompts ../shared/data/prompts/mtbench.jsonl \
+    PYTHONPATH=. python benchmarks/peers.py --prompts data/prompts/mtbench.jsonl \
         [--limit 3] [--max-new-tokens 128] [--rounds 2] [--temperature 0.7 --top-p 0.95] \
         [--json out.json]
 
@@ -22,10 +22,10 @@ llama-cpp-python is a benchmark-only peer, never an app requirement:
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
-import subprocess
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +34,8 @@ import torch
 
 from eagle_engine import autotune
 from eagle_engine.config import EngineConfig, SamplingParams
-from eagle_engine.hardware import cpu_flags, cpu_model, native_bf16
+from eagle_engine.bench import provenance, write_report
+from eagle_engine.hardware import native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.models.loader import bundled_gguf_path
 
@@ -164,15 +165,13 @@ def main() -> None:
     for name, rates in results.items():
         ratio = f"  {sum(rates) / sum(llama):>11.2f}x" if llama else ""
         print(f"{name:<{width}}  " + "  ".join(f"{x:>8.2f}" for x in rates) + ratio)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    report = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch_threads": threads,
-              "torch": torch.__version__, "commit": commit,
-              "date": datetime.date.today().isoformat(), "prompts": len(prompts),
+    report = {"kind": "peers", "provenance": provenance(
+                  f"PYTHONPATH=. python benchmarks/peers.py {shlex.join(sys.argv[1:])}"),
+              "torch_threads": threads, "prompts": len(prompts),
               "max_new_tokens": n, "temperature": args.temperature, "top_p": args.top_p,
               "tokens_per_s": results}
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {write_report(args.json, report)}")
 
 
 if __name__ == "__main__":

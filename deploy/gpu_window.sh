@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Head training on a lent GPU through the device tool, within its limits (docs/results.md,
-# section 25). A call sends the tracked files and the paths it carries, 64 MiB in all, and
+# Head training on a lent GPU through the device tool, within its limits. A call sends the tracked files and the paths it carries, 64 MiB in all, and
 # brings back at most 64 MiB from $OUT, in files of at most 16 MiB; a machine stays warm 30 s
 # after a call. The bundled target's GGUF is 98 MB and the shipped heads 67 MB, so:
 #
@@ -24,7 +23,7 @@
 # one, in $OUT as a gzipped tar in 15 MiB pieces, which `collect` unpacks (gzip -1 takes bf16
 # heads to ~80%: three heads of the bundled target, 64.5 MB, come back as 51.4 MB; it warns when
 # the pieces pass the 64 MiB the tool brings back). Not here: what to train (the
-# ARGS, section 25; section 37 ran it on an H200: leave --stop-after-minutes a minute above
+# ARGS; on an H200: leave --stop-after-minutes a minute above
 # --max-minutes, for loading).
 set -euo pipefail
 
@@ -91,7 +90,6 @@ case ${1:-} in
     version=$(python3 -c "from importlib.metadata import version; print(version('gguf'))")
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux2014_x86_64 -d .device/whl "gguf==$version"
-    [ -f ../shared/data/prompts/mtbench.jsonl ] && cp ../shared/data/prompts/mtbench.jsonl .device/
     tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
     heads=$(git ls-files -z assets/heads | xargs -0 -r du -cb | tail -1 | cut -f1)
     kept=0

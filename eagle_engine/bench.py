@@ -13,7 +13,12 @@ Not here: the decoding itself (`scheduler.py`, `run.py`).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable
@@ -23,9 +28,38 @@ from typing import Any
 import torch
 
 from . import autotune
+from . import hardware
 from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
 from .config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, TreeParams
 from .kv_cache import causal_mask
+
+
+def provenance(command: str) -> dict[str, str]:
+    """Where a figure comes from, for `benchmarks/report.py`: the CPU class, model and flags, the
+    torch build, the commit ("+changes" when the work tree differs from it), the date and the
+    command that reproduces it."""
+    def git(*a: str) -> str:
+        out = subprocess.run(["git", *a], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"class": hardware.cpu_class(), "cpu": hardware.cpu_model(),
+            "cpu_flags": " ".join(hardware.cpu_flags()), "torch": torch.__version__,
+            "commit": commit + ("+changes" if changed else ""),
+            "date": datetime.date.today().isoformat(), "command": command}
+
+
+def write_report(path: Path, report: dict) -> Path:
+    """Writes `report` as JSON to `path`, or, when `path` is a folder, to
+    `{kind}-{class}.json` in it (e.g. `bench-avx-512-epyc.json`), the name by which
+    `benchmarks/report.py` takes a re-run's figure in place of the last one."""
+    if path.is_dir():
+        slug = re.sub(r"[^a-z0-9]+", "-", report["provenance"]["class"].lower()).strip("-")
+        path = path / f"{report['kind']}-{slug}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
 
 
 @dataclass
@@ -74,7 +108,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run the target with the other weights (q4 <-> dense in --dtype): "
                    f"its baseline and EAGLE-3 with these tree shapes {SWEEP_FORMAT}")
     p.add_argument("--first-turn-only", action="store_true")
-    p.add_argument("--json", type=Path, default=None, help="write the report here")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the report here (a folder: as {kind}-{class}.json in it)")
     add_engine_args(p)
     add_tree_args(p)
     add_sampling_args(p)
@@ -241,12 +276,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
                           parse_sweep(args.other_weights_trees))
     for warm in {id(r.engine): r.engine for r in runs}.values():
         warm.generate(warm.encode("Hello"), SamplingParams(max_new_tokens=8))
-    report: dict = {"prompts": str(args.prompts), "rows": len(rows), "dtype": engine.config.dtype,
+    report: dict = {"kind": "bench", "prompts": str(args.prompts), "rows": len(rows),
+                    "dtype": engine.config.dtype,
                     "weights": engine.config.weights_label,
                     "max_new_tokens": args.max_new_tokens, "sampling": {
                         "temperature": args.temperature, "top_p": args.top_p,
                         "top_k": args.top_k, "seed": args.seed},
-                    "torch_threads": torch.get_num_threads()}
+                    "torch_threads": torch.get_num_threads(),
+                    "provenance": provenance(f"python -m eagle_engine {shlex.join(sys.argv[1:])}")}
     if args.costs:
         report["costs"] = measure_costs(engine, heads[0] if heads else None)
         print(json.dumps(report["costs"]), flush=True)
@@ -262,8 +299,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
             if k.startswith(f"eagle{suffix}["):
                 v["speedup_vs_own_ar"] = (round(v["tokens_per_s"] / other_ar, 3) if other_ar
                                           else None)
-    text = json.dumps(report, indent=2)
-    print(text)
+    print(json.dumps(report, indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+        print(f"wrote {write_report(args.json, report)}")

@@ -340,8 +340,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-# whether trees take drafts from the context by default (measured: docs/results.md,
-# "Drafts from the context")
+# whether trees take drafts from the context by default (measured in docs/history.md)
 CONTEXT_DRAFTS = True
 # how likely a node of the context's chain must be (its calibrated probability) to be verified
 # past the tree's `num_draft_tokens` (`TreeParams.context_extra`). A tree row past the fourth
@@ -527,8 +526,7 @@ class EngineConfig:
 
     @property
     def default_tree(self) -> TreeParams:
-        """The static default tree for these weights, from the measured sweeps (docs/results.md,
-        "Tree sweep"): with q4 weights a tree row costs more compute than a dense one
+        """The static default tree for these weights, from the measured sweeps (docs/history.md): with q4 weights a tree row costs more compute than a dense one
         (`Q4_TREE`). An engine's `default_tree` replaces it with the tree `autotune` chose on
         this machine."""
         return Q4_TREE if self.weights == "q4" else TreeParams()

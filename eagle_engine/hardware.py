@@ -56,3 +56,14 @@ def cpu_model() -> str:
         return platform.machine()
     return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
                 platform.machine())
+
+
+def cpu_class(flags: tuple[str, ...] | None = None, model: str | None = None) -> str:
+    """The class a figure is measured on, as the README names them: "AMX Xeon", "AVX-512 EPYC",
+    "AVX2 EPYC" (the widest of AMX, AVX-512, AVX2, then the vendor's line)."""
+    flags = cpu_flags() if flags is None else flags
+    model = cpu_model() if model is None else model
+    isa = ("AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else "x86-64")
+    line = next((name for name in ("EPYC", "Xeon", "Ryzen", "Core") if name in model), model)
+    return f"{isa} {line}"

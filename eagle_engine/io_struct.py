@@ -96,7 +96,7 @@ class EagleVerifyInput:
     retrieve_indices: torch.Tensor  # [N, min(N, num_steps+1)] int64 root->node path, -1 pad
     seq_len: int  # cache row / position of the root
     scores: torch.Tensor  # [N] float32 draft probability of each node's path (root 1); a
-    # calibrated draft accepts a node about that often (`benchmarks/tree_budget.py`)
+    # calibrated draft accepts a node about that often (docs/design.md)
     sources: torch.Tensor  # [N] int64 NodeSource of each node (the root: HEAD)
 
     @property

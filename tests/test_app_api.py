@@ -57,7 +57,7 @@ def test_api_lists_named_endpoints(app_server: AppServer) -> None:
 def test_startup_freezes_the_loaded_objects_out_of_garbage_collection(app_server: AppServer
                                                                        ) -> None:
     """A full collection over the loaded engines' objects stalls a stream ~0.2 s; `app.main`
-    freezes them once they are loaded (docs/results.md, sections 40-41)."""
+    freezes them once they are loaded."""
     lines = [ln for ln in app_server.log_path.read_text(errors="replace").splitlines()
              if "left out of garbage collection" in ln]
     assert len(lines) == 1, app_server.log_tail()

@@ -15,7 +15,7 @@
 // and F16C and use AVX512-VNNI where the CPU has it.
 // ATen's tensor, its parallel loop, the few factory ops used and pybind11 with torch's tensor
 // casters: a third of the compile time of <torch/extension.h>, which pulls in all of libtorch's
-// C++ API (docs/results.md, section 29).
+// C++ API.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -147,8 +147,7 @@ LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to al
 // adds, and on AVX2's 16 vector registers the products of 4 rows spill to the stack. An empty
 // asm statement keeps each running sum at its place in the chain. Built without it
 // (-DLOWBIT_IN_ORDER=0), on the AVX2 EPYC, a decoder layer's q4 products at 4 rows took 13%
-// longer, the lm_head's q8 product 31%, and EAGLE-3 decoded 14% slower (docs/results.md,
-// section 31).
+// longer, the lm_head's q8 product 31%, and EAGLE-3 decoded 14% slower.
 #ifndef LOWBIT_IN_ORDER
 #define LOWBIT_IN_ORDER 1
 #endif
@@ -186,7 +185,7 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // the multiplies wait on memory and the rows of a tree verify add their compute to the wait.
 // Each block asks for the codes kPrefetch bytes ahead and the scales as far ahead in blocks
 // (a hint: addresses past the tensor's end do not fault). 4 KB measured best on the AMX Xeon
-// (docs/results.md, section 18: 2 KB slower, 8-16 KB the same). Building with
+// (2 KB slower, 8-16 KB the same). Building with
 // -DLOWBIT_PREFETCH_BYTES=0 turns the hints off (`benchmarks/lowbit_kernels.py --streamed
 // --compare-flags=-DLOWBIT_PREFETCH_BYTES=0` times both builds).
 #ifndef LOWBIT_PREFETCH_BYTES
@@ -320,10 +319,10 @@ LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int6
 
 // y [M, N] = x [M, K] @ W^T, into y. Groups of 8 columns split over ATen's threads; a group's
 // codes (a few KB) stay in L1 while every tile of rows passes over them: tiles of 8 rows where
-// the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster, docs/results.md
-// section 22; -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join the 4 before
+// the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster;
+// -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join the 4 before
 // them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of them (5 and 6
-// rows' products ~8% faster at the median on the AVX2 EPYC, section 33; -DLOWBIT_TILE6=0 builds
+// rows' products ~8% faster at the median on the AVX2 EPYC; -DLOWBIT_TILE6=0 builds
 // without).
 #ifndef LOWBIT_TILE6
 #define LOWBIT_TILE6 1
@@ -446,9 +445,8 @@ constexpr int64_t kMaxRows = 8, kChunk = 64;
 
 // Attention takes a task's query rows in pairs where the CPU has 32 vector registers
 // (AVX-512VL) for both rows' sums: each key and value vector is then widened once for two rows
-// (tree verifies of 3-8 rows 3-12% faster, docs/results.md section 19; the same bits).
-// -DLOWBIT_ROW_PAIRS=0 builds without (`benchmarks/fused_forward.py
-// --compare-flags=-DLOWBIT_ROW_PAIRS=0` times both builds).
+// (tree verifies of 3-8 rows 3-12% faster; the same bits).
+// -DLOWBIT_ROW_PAIRS=0 builds without.
 #if defined(__AVX512VL__) && (!defined(LOWBIT_ROW_PAIRS) || LOWBIT_ROW_PAIRS)
 #define LOWBIT_PAIRS 1
 #else
@@ -462,9 +460,8 @@ constexpr int64_t kMinRows = LOWBIT_PAIRS ? 2 : 1;
 // The keys and values a row reads stream from the cache (a long context's rows leave the
 // caches between layers), and the hardware's prefetchers stop at each 4 KB page. Each group of
 // keys asks for the rows kKvAhead keys ahead (a hint: addresses past the cache do not fault).
-// With kMinRows, a one-token step at 1,200-2,000 tokens of context is 17-18% faster
-// (docs/results.md, section 22); -DLOWBIT_KV_AHEAD=0 turns the hints off
-// (`benchmarks/fused_forward.py --compare-flags=-DLOWBIT_KV_AHEAD=0` times both builds).
+// With kMinRows, a one-token step at 1,200-2,000 tokens of context is 17-18% faster;
+// -DLOWBIT_KV_AHEAD=0 turns the hints off.
 #ifndef LOWBIT_KV_AHEAD
 #define LOWBIT_KV_AHEAD 64
 #endif
@@ -1045,8 +1042,8 @@ static std::vector<at::Tensor> head_level(at::Tensor tokens, at::Tensor hidden,
 // and itself) and the expansion to their K * K children, whose K best paths are the next level's
 // frontier. The levels stop once the frontier's best path scores below step_cut (0: never;
 // `draft.goes_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch
-// steps from Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration
-// (docs/results.md, section 40); here the top-k of the paths is still `at::topk`, so ties fall as
+// steps from Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration;
+// here the top-k of the paths is still `at::topk`, so ties fall as
 // they do in Python. Returns [scores [C] float32 (cumulative path probabilities), tokens [C]
 // int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (L - 1) *
 // K * K for the L levels that ran (L = steps without a step cut).

@@ -2,8 +2,8 @@
 
 On CPU, `F.linear` with a plain row-major weight runs a one-token product (decode) far below
 memory bandwidth; the same product on a weight reordered once by oneDNN reads it much faster
-and is no slower for many tokens (prefill, tree verify). `benchmarks/baseline_vs_transformers.py`
-measures the whole decode with and without packing.
+and is no slower for many tokens (prefill, tree verify). `benchmarks/peers.py`
+measures the dense decode beside the q4 one.
 `pack_linears` swaps every `nn.Linear` of a loaded model for a `PackedLinear` that keeps the
 dense weight (shared tensors such as a tied lm_head stay shared; checkpoint IO and dtype/device
 queries keep working) and adds the packed copy.

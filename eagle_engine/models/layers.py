@@ -156,7 +156,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     per query head (SDPA's own GQA mode with a mask can fall back, on GPU, to the math kernel
     that repeats the KV cache per query head), and on CPU in bf16 PyTorch's flash kernel (fp32
     scores and softmax, probabilities rounded to bf16 for the product with the values, no
-    per-shape setup) is ~3x faster than fp32 matmuls (`benchmarks/attention_shapes.py`).
+    per-shape setup) is ~3x faster than fp32 matmuls.
     Short fp32 queries on CPU use grouped fp32 matmuls instead: fp32 SDPA pays a kernel setup
     for every new key length, and the key length changes every step. Long queries on CPU
     (prefill) use SDPA's GQA mode."""

@@ -436,7 +436,7 @@ EAGLE-3 head for SmolLM2-135M-Instruct (bundled GGUF, dequantized), trained by
 
 Draft-vocabulary coverage of response tokens by size: {cov}.
 
-Acceptance (tau) per dataset: see docs/results.md (`python -m eagle_engine bench`).
+Acceptance (tau) per dataset: `python -m eagle_engine bench --draft DIR`.
 """
     (spec.out / "README.md").write_text(card)
 
