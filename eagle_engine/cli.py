@@ -1,5 +1,5 @@
 """Command line: `python -m eagle_engine COMMAND`, COMMAND one of generate, tune, inspect-draft,
-bench, train, eval-head and selfcheck.
+export-llamacpp, bench, train, eval-head and selfcheck.
 
 Parses arguments into `EngineConfig` / `SamplingParams` / `TreeParams` and hands them to the
 library; bad input becomes one readable line on stderr and exit code 2, never a traceback.
@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from . import autotune
 from .cli_args import (add_engine_args, add_sampling_args, add_tree_args, engine_config, pick_head,
@@ -78,6 +79,12 @@ def cmd_inspect_draft(args: argparse.Namespace) -> None:
     print(inspect_draft(args.path, args.target, args.allow_pickle))
 
 
+def cmd_export_llamacpp(args: argparse.Namespace) -> None:
+    from .export_llamacpp import export_llamacpp
+
+    print(f"wrote {export_llamacpp(args.head, args.out, args.target)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle_engine")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -108,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--target", default=None, help="check against this target (optional)")
     i.add_argument("--allow-pickle", action="store_true")
     i.set_defaults(func=cmd_inspect_draft)
+
+    x = sub.add_parser("export-llamacpp", help="write a head as llama.cpp's EAGLE-3 GGUF "
+                       "(for llama-speculative-simple --spec-type draft-eagle3)")
+    x.add_argument("head", metavar="HEAD", nargs="?", default="eagle3-aux-1layer",
+                   help="head directory or bundled head name (default: the default head)")
+    x.add_argument("--out", type=Path, required=True, help="the .gguf to write")
+    x.add_argument("--target", default="bundled",
+                   help="'bundled' or the target's .gguf (its tokenizer goes into the file)")
+    x.set_defaults(func=cmd_export_llamacpp)
 
     from .bench import add_bench_parser
     from .selfcheck import add_selfcheck_parser
