@@ -18,12 +18,13 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks.peers import LLAMA_BENCH
+
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "docs" / "figures"
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
-LLAMA_CPP = "llama.cpp llama-bench, plain"  # the peers' reference row when present
 
 
 def load(folder: Path) -> dict[str, dict[str, dict]]:
@@ -47,7 +48,7 @@ def source(report: dict) -> str:
 def peers_rows(report: dict) -> list[tuple[str, float, str]]:
     """(system, mean tok/s, ratio to llama.cpp's binary or '') fastest first."""
     rates = {name: mean(r) for name, r in report["tokens_per_s"].items()}
-    ref = rates.get(LLAMA_CPP)
+    ref = rates.get(LLAMA_BENCH)
     return [(name, rate, f"{rate / ref:.2f}x" if ref else "")
             for name, rate in sorted(rates.items(), key=lambda kv: -kv[1])]
 
