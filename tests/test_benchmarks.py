@@ -31,7 +31,7 @@ SMOKE = {  # script -> (arguments, text its output must contain)
     "step_ops.py": (["--calls", "5"], "acceptance"),
     "first_token.py": (["--prompts", MTBENCH, "--limit", "1", "--rounds", "1"], "EAGLE-3"),
     "app_speed.py": (["threads", "--tokens", "8", "--repeats", "1"], "engine_thread"),
-    "cpu_training.py": (["--steps", "1", "--tokens-per-batch", "256"], "s/step, jemalloc"),
+    "cpu_training.py": (["--steps", "3", "--tokens-per-batch", "256"], "s/step, jemalloc"),
     "gpu_training.py": (["--device", "cpu", "--steps", "1", "--tokens-per-batch", "256"],
                         "cuDNN allowed"),
     "soak.py": (["--answers", "4", "--visitors", "2", "--prompts", "2", "--max-new-tokens", "4",
