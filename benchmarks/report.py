@@ -77,22 +77,58 @@ def bench_table(report: dict) -> list[str]:
     return lines
 
 
+def soak_table(report: dict) -> list[str]:
+    c = report["counts"]
+    start, peak = report["startup_rss_mb"], report["peak_rss_mb"]
+    low, high = report["second_half_rss_mb"]
+    return ["| answers | greedy checked / wrong / failed | cancelled / sampled | resident memory, "
+            "MB: start-up / peak / second half |", "|---|---|---|---|",
+            f"| {c['done']:,} in {report['seconds']:.0f} s | {c['checked']:,} / {c['wrong']} / "
+            f"{c['failed']} | {c['cancelled']:,} / {c['sampled']:,} | {start:.0f} / {peak:.0f} "
+            f"(start-up + {peak - start:.0f}) / {low:.0f}-{high:.0f} |"]
+
+
+def host_time_table(report: dict) -> list[str]:
+    lines = ["| mode | iterations | us per iteration | phases, us | rest, us |", "|---|---|---|---|---|"]
+    for mode in ("plain", "eagle"):
+        m = report[mode]
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in m["phases_us"].items())
+        lines.append(f"| {mode} | {m['iterations']} | {m['wall_us']:.0f} | {phases} | "
+                     f"{m['rest_us']:.0f} |")
+    return lines
+
+
 def describe(report: dict) -> str:
-    if report["kind"] == "peers":
+    kind = report["kind"]
+    if kind == "peers":
         sampling = ("greedy" if report["temperature"] == 0 else
                     f"temperature {report['temperature']}, top-p {report['top_p']}")
         return (f"{report['prompts']} MT-bench turns, {report['max_new_tokens']} tokens each, "
                 f"{sampling}; ours and transformers time whole answers with their prefill, "
                 "llama-bench times decoding alone")
+    if kind.startswith("soak"):
+        a = report["args"]
+        return (f"`app.py` with {' '.join(a['app_args']) or 'its defaults'}; {a['visitors']} "
+                f"visitors, each answer from a new session, {a['max_new_tokens']} tokens")
+    if kind == "host_time":
+        return (f"a tiny random target and head on one CPU thread, {report['tokens']} tokens, "
+                f"EAGLE-3 tree {report['tree']}: the host's time per iteration")
     s = report["sampling"]
     sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}"
     return (f"{report['rows']} MT-bench questions, both turns, {report['max_new_tokens']} tokens, "
             f"{sampling}, {report['weights']} weights")
 
 
-TITLES = {"peers": "Against the tools a visitor already has",
-          "bench": "EAGLE-3 against our own plain decoding"}
-TABLES = {"peers": peers_table, "bench": bench_table}
+KINDS = {  # kind (or its first word) -> title, table; in this order
+    "peers": ("Against the tools a visitor already has", peers_table),
+    "bench": ("EAGLE-3 against our own plain decoding", bench_table),
+    "soak": ("Memory through many visitors", soak_table),
+    "host_time": ("The host's time per iteration", host_time_table),
+}
+
+
+def kind_of(kind: str) -> str:
+    return kind.split()[0]
 
 
 def benchmarks_md(figures: dict[str, dict[str, dict]]) -> str:
@@ -102,11 +138,11 @@ def benchmarks_md(figures: dict[str, dict[str, dict]]) -> str:
              "what was tried and dropped, are in `docs/history.md`.", ""]
     for cls in sorted(figures):
         lines += [f"## {cls}", ""]
-        for kind in sorted(figures[cls], key=lambda k: list(TITLES).index(k)):
+        for kind in sorted(figures[cls], key=lambda k: (list(KINDS).index(kind_of(k)), k)):
             report = figures[cls][kind]
-            lines += [f"### {TITLES[kind]}", "",
-                      f"{describe(report)}. {source(report)}.", "", "```bash",
-                      report["provenance"]["command"], "```", "", *TABLES[kind](report), ""]
+            title, table = KINDS[kind_of(kind)]
+            lines += [f"### {title}", "", f"{describe(report)}. {source(report)}.", "",
+                      "```bash", report["provenance"]["command"], "```", "", *table(report), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

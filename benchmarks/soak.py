@@ -1,7 +1,7 @@
 """Does the playground's resident memory stay bounded through many visitors, and does every
 answer stay right?
 
-    PYTHONPATH=. python benchmarks/soak.py --answers 10000 --visitors 8 --out soak.json \
+    PYTHONPATH=. python benchmarks/soak.py --answers 10000 --visitors 8 --out docs/figures \
         [-- extra app.py arguments, e.g. --max-batch 1]
 
 Starts `app.py` on a loopback port (its defaults, `--no-tune`) and sends `--answers` answers
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.load import CHAT_OUT, FALLBACK, PROMPTS, Server
+from eagle_engine.bench import provenance, write_report
 
 GREEDY, SAMPLED, CANCELLED = "greedy", "sampled", "cancelled"
 
@@ -70,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     texts = prompts(args.prompts)
     server = Server("soak", ["--no-tune", "--single-weights", *args.app_args], Path("/tmp"),
                     ready_s=600)
-    report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
-                              "date": time.strftime("%Y-%m-%d")}
+    report: dict[str, Any] = {
+        "kind": " ".join(["soak", *args.app_args]), "args": vars(args) | {"out": str(args.out)},
+        "provenance": provenance("PYTHONPATH=. python benchmarks/soak.py "
+                                 + shlex.join(sys.argv[1:]))}
     try:
         report["startup_rss_mb"] = server.rss()
         solo = {t: answer(server, t, GREEDY, args.max_new_tokens, 0) for t in texts}
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         server.stop()
     print(json.dumps({k: v for k, v in report.items() if k != "rss_samples"}, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {write_report(args.out, report)}")
     if report["counts"]["wrong"] or report["counts"]["failed"]:
         raise SystemExit(1)
 

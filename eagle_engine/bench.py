@@ -55,8 +55,8 @@ def write_report(path: Path, report: dict) -> Path:
     `{kind}-{class}.json` in it (e.g. `bench-avx-512-epyc.json`), the name by which
     `benchmarks/report.py` takes a re-run's figure in place of the last one."""
     if path.is_dir():
-        slug = re.sub(r"[^a-z0-9]+", "-", report["provenance"]["class"].lower()).strip("-")
-        path = path / f"{report['kind']}-{slug}.json"
+        name = f"{report['kind']} {report['provenance']['class']}"
+        path = path / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
