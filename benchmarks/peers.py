@@ -169,6 +169,7 @@ def main() -> None:
                     help="folder with llama.cpp's llama-bench and llama-speculative-simple")
     ap.add_argument("--json", type=Path, default=None, help="a file, or a folder (docs/figures)")
     args = ap.parse_args()
+    origin = provenance(f"PYTHONPATH=. python benchmarks/peers.py {shlex.join(sys.argv[1:])}")
     sampling = (args.temperature, args.top_p)
     threads = torch.get_num_threads()
     n = args.max_new_tokens
@@ -244,9 +245,7 @@ def main() -> None:
     for name, rates in results.items():
         ratio = f"  {sum(rates) / sum(llama):>11.2f}x" if llama else ""
         print(f"{name:<{width}}  " + "  ".join(f"{x:>8.2f}" for x in rates) + ratio)
-    report = {"kind": "peers", "provenance": provenance(
-                  f"PYTHONPATH=. python benchmarks/peers.py {shlex.join(sys.argv[1:])}"),
-              "torch_threads": threads, "prompts": len(prompts),
+    report = {"kind": "peers", "provenance": origin, "torch_threads": threads, "prompts": len(prompts),
               "max_new_tokens": n, "temperature": args.temperature, "top_p": args.top_p,
               "tokens_per_s": results,
               "accepted_length": {name: round(sum(t for t, _ in s) / sum(k for _, k in s), 3)
