@@ -245,7 +245,8 @@ def main() -> None:
     for name, rates in results.items():
         ratio = f"  {sum(rates) / sum(llama):>11.2f}x" if llama else ""
         print(f"{name:<{width}}  " + "  ".join(f"{x:>8.2f}" for x in rates) + ratio)
-    report = {"kind": "peers", "provenance": origin, "torch_threads": threads, "prompts": len(prompts),
+    report = {"kind": "peers", "provenance": origin, "torch_threads": threads,
+              "prompts": len(prompts),
               "max_new_tokens": n, "temperature": args.temperature, "top_p": args.top_p,
               "tokens_per_s": results,
               "accepted_length": {name: round(sum(t for t, _ in s) / sum(k for _, k in s), 3)

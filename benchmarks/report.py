@@ -89,7 +89,8 @@ def soak_table(report: dict) -> list[str]:
 
 
 def host_time_table(report: dict) -> list[str]:
-    lines = ["| mode | iterations | us per iteration | phases, us | rest, us |", "|---|---|---|---|---|"]
+    lines = ["| mode | iterations | us per iteration | phases, us | rest, us |",
+             "|---|---|---|---|---|"]
     for mode in ("plain", "eagle"):
         m = report[mode]
         phases = ", ".join(f"{k} {v:.0f}" for k, v in m["phases_us"].items())
