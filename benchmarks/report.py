@@ -67,11 +67,19 @@ def peers_table(report: dict) -> list[str]:
     return lines
 
 
+def mode_name(label: str) -> str:
+    """`bench`'s labels ("ar", "eagle[HEAD TREE]", with a weights suffix) as a reader's."""
+    if label.startswith("ar"):
+        return "plain decoding" + label[2:]
+    head, _, tree = label[label.index("[") + 1:-1].partition(" ")
+    return f"EAGLE-3{label[5:label.index('[')]}, {head}, {tree}"
+
+
 def bench_table(report: dict) -> list[str]:
     lines = ["| mode | tok/s | tau | vs plain | same as plain |", "|---|---|---|---|---|"]
     for name, m in report["modes"].items():
         speedup = m.get("speedup_vs_ar")
-        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['tau']:.3f} | "
+        lines.append(f"| {mode_name(name)} | {m['tokens_per_s']:.1f} | {m['tau']:.3f} | "
                      f"{'' if speedup is None else f'{speedup:.3f}x'} | "
                      f"{m.get('greedy_same_as_baseline', '')} |")
     return lines
@@ -147,6 +155,12 @@ def benchmarks_md(figures: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def in_readme(system: str) -> bool:
+    """The README's peers table keeps our q4 rows and every peer's; the dense rows are in
+    docs/benchmarks.md."""
+    return not system.startswith("ours") or ", q4" in system
+
+
 def readme_block(figures: dict[str, dict[str, dict]]) -> str:
     """Per class, one table: the peers' tok/s, then EAGLE-3 against plain on the full set."""
     lines = []
@@ -158,7 +172,8 @@ def readme_block(figures: dict[str, dict[str, dict]]) -> str:
             lines += [f"{describe(p)} ({p['provenance']['commit']}, {p['provenance']['date']}):",
                       "", "```bash", p["provenance"]["command"], "```", "",
                       "| system | tok/s | vs llama.cpp |", "|---|---|---|"]
-            lines += [f"| {name} | {rate:.1f} | {ratio} |" for name, rate, ratio in peers_rows(p)]
+            lines += [f"| {name} | {rate:.1f} | {ratio} |" for name, rate, ratio in peers_rows(p)
+                      if in_readme(name)]
             lines.append("")
         if "bench" in kinds:
             b = kinds["bench"]

@@ -79,7 +79,7 @@ def test_report_renders_each_class_with_ratios_to_llama_cpp(tmp_path: Path) -> N
     bench = figure("bench", "AMX Xeon", rows=80, max_new_tokens=128, weights="q4",
                    sampling={"temperature": 0.0}, modes={
                        "ar": {"tokens_per_s": 300.0, "tau": 1.0, "speedup_vs_ar": 1.0},
-                       "eagle[h]": {"tokens_per_s": 360.0, "tau": 2.8, "speedup_vs_ar": 1.2,
+                       "eagle[h k3]": {"tokens_per_s": 360.0, "tau": 2.8, "speedup_vs_ar": 1.2,
                                     "greedy_same_as_baseline": "160/160"}})
     for i, f in enumerate((peers, bench)):
         (tmp_path / f"{i}.json").write_text(json.dumps(f))
@@ -88,7 +88,8 @@ def test_report_renders_each_class_with_ratios_to_llama_cpp(tmp_path: Path) -> N
     assert md.index("## AMX Xeon") < md.index("## AVX2 EPYC")
     assert "| ours EAGLE-3, q4 | 300.0 / 310.0 | 2.90x |" in md  # 305 / 105
     assert f"| {report.LLAMA_BENCH} | 100.0 / 110.0 | 1.00x |" in md
-    assert "| eagle[h] | 360.0 | 2.800 | 1.200x | 160/160 |" in md
+    assert "| EAGLE-3, h, k3 | 360.0 | 2.800 | 1.200x | 160/160 |" in md
+    assert "| plain decoding | 300.0 | 1.000 | 1.000x |  |" in md
     assert "run peers" in md and "abc1234, 2026-11-29" in md
     block = report.readme_block(figures)
     assert "**AVX2 EPYC**" in block and "| ours EAGLE-3, q4 | 305.0 | 2.90x |" in block
