@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Head training on a lent GPU through the device tool, within its limits. A call sends the tracked files and the paths it carries, 64 MiB in all, and
+# Head training on a lent GPU through the device tool, within its limits. A call sends the
+# tracked files and the paths it carries, 64 MiB in all, and
 # brings back at most 64 MiB from $OUT, in files of at most 16 MiB; a machine stays warm 30 s
 # after a call. The bundled target's GGUF is 98 MB and the shipped heads 67 MB, so:
 #
@@ -91,7 +92,7 @@ case ${1:-} in
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux2014_x86_64 -d .device/whl "gguf==$version"
     tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    heads=$(git ls-files -z assets/heads | xargs -0 -r du -cb | tail -1 | cut -f1)
+    heads=$(git ls-files -z assets/heads assets/heads-eagle3.1 | xargs -0 -r du -cb | tail -1 | cut -f1)
     kept=0
     for head in "${keep[@]}"; do
       kept=$((kept + $(git ls-files -z "assets/heads/$head" | xargs -0 du -cb | tail -1 | cut -f1)))
@@ -99,7 +100,7 @@ case ${1:-} in
     sent=$((tree - ${heads:-0} + kept))
     echo "tracked files: $(mib "$tree") (heads: $(mib "${heads:-0}")); on the device branch," \
          "without the heads but ${keep[*]:-none}: $(mib "$sent")"
-    drop=$(for d in assets/heads/*/; do  # the shipped heads not kept
+    drop=$(for d in assets/heads/*/ assets/heads-eagle3.1/*/; do  # the shipped heads not kept
       d=${d%/}
       [[ " ${keep[*]} " == *" ${d##*/} "* ]] || echo "$d"
     done)

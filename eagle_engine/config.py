@@ -526,7 +526,8 @@ class EngineConfig:
 
     @property
     def default_tree(self) -> TreeParams:
-        """The static default tree for these weights, from the measured sweeps (docs/history.md): with q4 weights a tree row costs more compute than a dense one
+        """The static default tree for these weights, from the measured sweeps
+        (docs/history.md): with q4 weights a tree row costs more compute than a dense one
         (`Q4_TREE`). An engine's `default_tree` replaces it with the tree `autotune` chose on
         this machine."""
         return Q4_TREE if self.weights == "q4" else TreeParams()

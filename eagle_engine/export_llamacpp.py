@@ -68,8 +68,8 @@ def check_exportable(cfg: DraftConfig, source: str) -> None:
 def rope_order(w: torch.Tensor, heads: int) -> torch.Tensor:
     """q/k rows [heads * d, in] from HF's half-split RoPE layout to llama.cpp's interleaved
     one (its converter's `LlamaModel.permute`)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2
-                                                                                ).reshape(w.shape)
+    halves = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])  # [h, 2, d/2, in]
+    return halves.swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_tensors(state: dict[str, torch.Tensor], cfg: DraftConfig
@@ -145,8 +145,7 @@ def export_llamacpp(head: str | Path, out: Path, target: str = "bundled") -> Pat
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, value, field.types[0], sub)
     for name, array, qtype in gguf_tensors(state, cfg):
-        shape = list(array.shape)
-        w.add_tensor(name, array, raw_shape=shape, raw_dtype=qtype)
+        w.add_tensor(name, array, raw_shape=list(array.shape), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
