@@ -469,8 +469,10 @@ class TreeParams:
 # the budget (`CHAIN_SURE`) and a step cut of 0.5. A q4 tree row
 # costs a fifth to a third of a one-token step on a 2-core CPU and the head's second step about
 # an eighth, so that step runs only where the head is sure of its first draft (about half the
-# iterations); the cut leaves out nearly hopeless drafts. Full MT-bench, default
-# head, AVX-512 EPYC: tau 2.811, level with k3 s1 n4 or up to 1.6% faster (sections 47, 48).
+# iterations); the cut leaves out nearly hopeless drafts. Full MT-bench, AVX-512 EPYC: with
+# the EAGLE-3.1 head tau 2.811, level with k3 s1 n4 or up to 1.6% faster in five runs
+# (40a1f3b, 2026-11-28); with today's default head tau 2.687 and 1.324x plain decoding
+# (a4a09f5, 2026-11-29).
 # Not measured on the AVX2 EPYC, where the head's step costs more of a token: the
 # app and `python -m eagle_engine tune` measure k3 s1 n4 among the candidates on each machine
 # and keep this default unless another is faster beyond the noise (`autotune.py`).
