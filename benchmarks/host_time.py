@@ -22,9 +22,7 @@ import cProfile
 import io
 import json
 import pstats
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,8 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         decode(engine, "head", 16)  # warm-up
         decode(engine, None, 16)
         report = {"kind": "host_time", "tree": TREE.spec(), "tokens": args.tokens,
-                  "provenance": provenance(f"PYTHONPATH=. python benchmarks/host_time.py "
-                                           f"{shlex.join(sys.argv[1:])}")}
+                  "provenance": provenance()}
         for name, head in (("plain", None), ("eagle", "head")):
             report[name] = summary([decode(engine, head, args.tokens)
                                     for _ in range(args.repeats)])

@@ -8,8 +8,9 @@ Times `q4_linear` over the four linears of one decoder layer (qkv 576->960, o 57
 gate_up 576->3072, down 1536->576) and `q8_linear` over the lm_head (576->49152) on random
 weights, mean microseconds of repeated calls after warm-up. A target forward of n tokens
 streams 30 such layers and the lm_head from memory, so these figures are the compute floor
-of a target forward (`bench --costs`). `--streamed` also times what a forward reads: 30 distinct copies of
-the layer's linears and the lm_head one after the other (~96 MB, so each comes from memory),
+of a target forward (`bench --costs`). `--streamed` also times what a forward reads: 30
+distinct copies of the layer's linears and the lm_head one after the other (~96 MB, so each
+comes from memory),
 median milliseconds of 7 passes. `--compare-flags` also builds the kernels with those compiler
 flags added (`-mno-avx512vnni`: the AVX2 products on a VNNI CPU; `-DLOWBIT_PREFETCH_BYTES=0`:
 no prefetch hints; `-DLOWBIT_TILE6=0`: 5 or 6 rows as a tile of 4 and one of 1 or 2) and times

@@ -36,9 +36,7 @@ import argparse
 import importlib.util
 import json
 import re
-import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -169,7 +167,7 @@ def main() -> None:
                     help="folder with llama.cpp's llama-bench and llama-speculative-simple")
     ap.add_argument("--json", type=Path, default=None, help="a file, or a folder (docs/figures)")
     args = ap.parse_args()
-    origin = provenance(f"PYTHONPATH=. python benchmarks/peers.py {shlex.join(sys.argv[1:])}")
+    origin = provenance()
     sampling = (args.temperature, args.top_p)
     threads = torch.get_num_threads()
     n = args.max_new_tokens

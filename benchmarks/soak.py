@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import sys
 import threading
 import time
@@ -74,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                     ready_s=600)
     report: dict[str, Any] = {
         "kind": " ".join(["soak", *args.app_args]), "args": vars(args) | {"out": str(args.out)},
-        "provenance": provenance("PYTHONPATH=. python benchmarks/soak.py "
-                                 + shlex.join(sys.argv[1:]))}
+        "provenance": provenance()}
     try:
         report["startup_rss_mb"] = server.rss()
         solo = {t: answer(server, t, GREEDY, args.max_new_tokens, 0) for t in texts}

@@ -34,7 +34,18 @@ from .config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, Tr
 from .kv_cache import causal_mask
 
 
-def provenance(command: str) -> dict[str, str]:
+def command_line() -> str:
+    """This process's command as one runs it from the repository root: `python -m PACKAGE ...`
+    or `PYTHONPATH=. python SCRIPT ...`."""
+    script, args = Path(sys.argv[0]).resolve(), shlex.join(sys.argv[1:])
+    if script.name == "__main__.py":
+        return f"python -m {script.parent.name} {args}"
+    root = Path(__file__).resolve().parent.parent
+    name = script.relative_to(root) if script.is_relative_to(root) else script
+    return f"PYTHONPATH=. python {name} {args}"
+
+
+def provenance() -> dict[str, str]:
     """Where a figure comes from, for `benchmarks/report.py`: the CPU class, model and flags, the
     torch build, the commit ("+changes" when the work tree differs from it), the date and the
     command that reproduces it."""
@@ -47,7 +58,7 @@ def provenance(command: str) -> dict[str, str]:
     return {"class": hardware.cpu_class(), "cpu": hardware.cpu_model(),
             "cpu_flags": " ".join(hardware.cpu_flags()), "torch": torch.__version__,
             "commit": commit + ("+changes" if changed else ""),
-            "date": datetime.date.today().isoformat(), "command": command}
+            "date": datetime.date.today().isoformat(), "command": command_line()}
 
 
 def write_report(path: Path, report: dict) -> Path:
@@ -283,7 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
                         "temperature": args.temperature, "top_p": args.top_p,
                         "top_k": args.top_k, "seed": args.seed},
                     "torch_threads": torch.get_num_threads(),
-                    "provenance": provenance(f"python -m eagle_engine {shlex.join(sys.argv[1:])}")}
+                    "provenance": provenance()}
     if args.costs:
         report["costs"] = measure_costs(engine, heads[0] if heads else None)
         print(json.dumps(report["costs"]), flush=True)

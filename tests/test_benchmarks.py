@@ -93,3 +93,13 @@ def test_report_renders_each_class_with_ratios_to_llama_cpp(tmp_path: Path) -> N
     assert "run peers" in md and "abc1234, 2026-11-29" in md
     block = report.readme_block(figures)
     assert "**AVX2 EPYC**" in block and "| ours EAGLE-3, q4 | 305.0 | 2.90x |" in block
+
+
+def test_a_figure_names_the_command_that_reproduces_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle_engine import bench
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "eagle_engine" / "__main__.py"), "bench",
+                                      "--prompts", "my prompts.jsonl"])
+    assert bench.command_line() == "python -m eagle_engine bench --prompts 'my prompts.jsonl'"
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "peers.py"), "--limit", "3"])
+    assert bench.provenance()["command"] == "PYTHONPATH=. python benchmarks/peers.py --limit 3"
