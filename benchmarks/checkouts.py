@@ -2,14 +2,15 @@
 
     git worktree add /tmp/before <commit>
     PYTHONPATH=. python benchmarks/checkouts.py --before /tmp/before --after . \
-        --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64]
+        --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64] [--weights q4]
 
 Starts one worker process per checkout (each imports its own `eagle_engine`, loads the bundled
-q4 target with the default head and warms up), then hands them the same workloads in turn,
+target in `--weights` with the default head and warms up), then hands them the same workloads in turn,
 `--rounds` times, the order of the two flipped every round, so that a slow spell of the
 machine falls on both alike: EAGLE-3 and plain decoding of 8 first turns as 8 visitors with
 `max_batch` 4 (one scheduler), and of 3 first turns one at a time (`generate`). Greedy, EOS
-ignored. Prints tokens/s per checkout and the ratio after / before. The workers use only the
+ignored. Prints tokens/s per checkout, the ratio after / before, and how many answers the two
+checkouts gave token for token alike. The workers use only the
 engine's public calls (`EagleEngine.load`, `encode`, `generate`, `Scheduler`), so older
 checkouts run too. Not a test: timings depend on the machine and its load.
 """
@@ -31,7 +32,7 @@ from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.scheduler import Scheduler
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][:8]
-engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights="q4"))
+engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights=sys.argv[3]))
 prompts = [engine.encode(r["turns"][0]) for r in rows]
 params = SamplingParams(max_new_tokens=int(sys.argv[2]), ignore_eos=True)
 
@@ -40,11 +41,11 @@ def together(head):
     scheduler = Scheduler(engine, 4)
     handles = [scheduler.submit(p, params, None, head) for p in prompts]
     scheduler.run_until_idle()
-    return sum(len(ev.tokens) for h in handles for ev in h.events())
+    return [[t.token_id for ev in h.events() for t in ev.tokens] for h in handles]
 
 
 def alone(head):
-    return sum(len(engine.generate(p, params, None, head).token_ids) for p in prompts[:3])
+    return [engine.generate(p, params, None, head).token_ids for p in prompts[:3]]
 
 
 work = {"eagle, 8 visitors": lambda: together(DEFAULT_HEAD), "plain, 8 visitors":
@@ -55,8 +56,8 @@ for fn in work.values():
 print("ready", flush=True)
 for line in sys.stdin:
     t0 = time.perf_counter()
-    tokens = work[line.strip()]()
-    print(json.dumps([tokens, time.perf_counter() - t0]), flush=True)
+    answers = work[line.strip()]()
+    print(json.dumps([time.perf_counter() - t0, answers]), flush=True)
 '''
 
 
@@ -67,13 +68,15 @@ def main() -> None:
     p.add_argument("--prompts", type=Path, required=True, help="JSONL rows with 'turns'")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--weights", choices=("q4", "bf16", "fp32"), default="q4")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(WORKER)
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     procs = {side: subprocess.Popen(
-        [sys.executable, f.name, str(args.prompts.resolve()), str(args.max_new_tokens)],
+        [sys.executable, f.name, str(args.prompts.resolve()), str(args.max_new_tokens),
+         args.weights],
         cwd=path, env={**os.environ, "PYTHONPATH": str(path)}, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for side, path in sides.items()}
@@ -82,27 +85,33 @@ def main() -> None:
             if proc.stdout.readline().strip() != "ready":
                 raise SystemExit(f"the {side} worker ({sides[side]}) did not start")
         totals = {(w, s): [0, 0.0] for w in WORKLOADS for s in sides}
+        same = {w: [0, 0] for w in WORKLOADS}  # answers equal between the sides, of all
         for r in range(args.rounds):
             for w in WORKLOADS:
+                answers = {}
                 for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
                     procs[side].stdin.write(w + "\n")
                     procs[side].stdin.flush()
-                    tokens, seconds = json.loads(procs[side].stdout.readline())
-                    totals[(w, side)][0] += tokens
+                    seconds, answers[side] = json.loads(procs[side].stdout.readline())
+                    totals[(w, side)][0] += sum(map(len, answers[side]))
                     totals[(w, side)][1] += seconds
+                same[w][0] += sum(a == b for a, b in zip(answers["before"], answers["after"]))
+                same[w][1] += len(answers["after"])
     finally:
         for proc in procs.values():
             proc.stdin.close()
             proc.wait()
         os.unlink(f.name)
     report = {"before": str(sides["before"]), "after": str(sides["after"]),
-              "rounds": args.rounds, "tokens_per_s": {}}
+              "weights": args.weights, "rounds": args.rounds, "tokens_per_s": {}}
     for w in WORKLOADS:
         rate = {s: totals[(w, s)][0] / totals[(w, s)][1] for s in sides}
         report["tokens_per_s"][w] = {**{s: round(v, 1) for s, v in rate.items()},
-                                     "after / before": round(rate["after"] / rate["before"], 3)}
+                                     "after / before": round(rate["after"] / rate["before"], 3),
+                                     "same answers": f"{same[w][0]}/{same[w][1]}"}
         print(f"{w:18s} before {rate['before']:7.1f} tok/s  after {rate['after']:7.1f} tok/s  "
-              f"after / before {rate['after'] / rate['before']:.3f}")
+              f"after / before {rate['after'] / rate['before']:.3f}  "
+              f"same answers {same[w][0]}/{same[w][1]}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -20,6 +20,8 @@ from eagle_engine.engine import EagleEngine
 from eagle_engine.run import Run
 from eagle_engine.events import StepEvent
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
+from eagle_engine.kv_cache import causal_mask, tree_mask
+from eagle_engine.models.batched import SeqRows, draft_forward, target_forward
 from eagle_engine.scheduler import Handle, Scheduler
 from eagle_engine.sync_count import HostSyncs
 from tests.helpers import tiny_engine
@@ -131,8 +133,10 @@ def test_step_cut_trees_batch_like_solo(engine: EagleEngine) -> None:
     first = prompt(7, 9)
     steps = engine.generate(first, SamplingParams(max_new_tokens=24, ignore_eos=True), probe,
                             "aux", keep_events=True).events
-    best = sorted(max(n.score for n in ev.tree if n.depth == 1) for ev in steps if ev.tree)
-    cut = best[len(best) // 2]
+    best = sorted({max(n.score for n in ev.tree if n.depth == 1) for ev in steps if ev.tree})
+    # halfway between two scores next to the median: a dense fp32 batch may round a score in its
+    # last bits, which must not decide the cut
+    cut = (best[len(best) // 2 - 1] + best[len(best) // 2]) / 2
     trees = [replace(probe, step_cut=cut), TreeParams(2, 3, 6, context_drafts=False,
                                                       step_cut=cut), TreeParams(2, 3, 6), None]
 
@@ -147,7 +151,7 @@ def test_step_cut_trees_batch_like_solo(engine: EagleEngine) -> None:
         alone = [engine.generate(*r, keep_events=True).events for r in requests]
         assert [tokens(e) for e in events] == [tokens(e) for e in alone]
         assert [shapes(e) for e in events] == [shapes(e) for e in alone]
-        if not params:  # the cut is the greedy probe's median
+        if not params:  # the cut is at the greedy probe's median
             deep = [max(n.depth for n in ev.tree) > 1 for ev in events[0] if ev.tree]
             assert any(deep) and not all(deep)
 
@@ -281,6 +285,62 @@ def test_waiting_request_cancelled_before_admission(engine: EagleEngine) -> None
     scheduler.run_until_idle()
     assert list(second.events()) == [] and list(first.events())
     assert isinstance(first, Handle)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_dense_batched_forwards_read_each_weight_once(tmp_path, dtype: str) -> None:
+    """Dense weights: three requests' rows (a prompt, a tree, one token; different caches,
+    starts and masks) go through each linear in one call, target and head, and every request
+    gets the logits, features and cache rows of its solo forward."""
+    engine = tiny_engine(tmp_path, {"aux": {"intermediate_size": 64}}, dtype=dtype)
+    target, head = engine.target, engine.heads["aux"]
+    aux = head.cfg.resolve_aux_layer_ids(target.cfg)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == "fp32" else {"atol": 3e-2, "rtol": 3e-2}
+    lens, starts = [7, 5, 1], [0, 9, 4]
+    ancestors = torch.tril(torch.ones(5, 5, dtype=torch.bool))
+    ancestors[3, 2] = ancestors[4, 2] = ancestors[4, 3] = False  # two branches from node 1
+    masks = [causal_mask(7, 0, "cpu")[0], tree_mask(ancestors, 9)[0], None]
+
+    def seqs(model, caches):
+        return [SeqRows(torch.tensor(prompt(i, n)), torch.arange(s, s + n), c, s, m,
+                        torch.randn(n, 3 * target.cfg.hidden_size if model is head else 0,
+                                    generator=torch.Generator().manual_seed(i)).to(
+                            target.dtype))
+                for i, (n, s, c, m) in enumerate(zip(lens, starts, caches, masks))]
+
+    def filled(model):  # caches with rows before each request's start
+        caches = [model.new_cache() for _ in lens]
+        for c in caches:
+            for k, v in c.layers:
+                k.normal_(generator=torch.Generator().manual_seed(5))
+                v.normal_(generator=torch.Generator().manual_seed(6))
+        return caches
+
+    calls = []
+    hooks = [m.register_forward_hook(lambda *_: calls.append(1))
+             for m in (target.layers[0].self_attn.qkv_proj, head.layers[0].mlp.down_proj)]
+    solo_caches, many_caches = filled(target), filled(target)
+    many = target_forward(target, seqs(target, many_caches), aux)
+    assert len(calls) == 1
+    for s, out, c in zip(seqs(target, solo_caches), many, many_caches):
+        alone = target(s.ids[None], s.positions[None], s.cache, s.start,
+                       None if s.mask is None else s.mask[None], aux)
+        torch.testing.assert_close(out.logits, alone.logits, **tol)
+        torch.testing.assert_close(out.aux_hidden, alone.aux_hidden, **tol)
+        for (k1, v1), (k2, v2) in zip(c.layers, s.cache.layers):
+            torch.testing.assert_close(k1, k2, **tol)
+            torch.testing.assert_close(v1, v2, **tol)
+    calls.clear()
+    solo_caches, many_caches = filled(head), filled(head)
+    many = draft_forward(head, seqs(head, many_caches), from_target=True)
+    assert len(calls) == 1
+    for s, (logits, hidden) in zip(seqs(head, solo_caches), many):
+        alone = head(s.ids[None], s.hidden[None], s.positions[None], s.cache, s.start,
+                     None if s.mask is None else s.mask[None], from_target=True)
+        torch.testing.assert_close(logits, alone[0], **tol)
+        torch.testing.assert_close(hidden, alone[1], **tol)
+    for h in hooks:
+        h.remove()
 
 
 @pytest.mark.slow

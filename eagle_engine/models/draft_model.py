@@ -45,15 +45,27 @@ class DraftLayer(nn.Module):
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
                 bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        if self.is_input_layer:
-            normed = self.hidden_norm(h)  # [B, T, H]
-            if self.norm_before_residual:
-                h = normed
-            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
-        else:
-            x = self.input_layernorm(h)
+        x, h = self._input(h, embeds)
         h = h + self.self_attn(x, rope, kv, start, bias, cache_rows)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_many(self, h: torch.Tensor, embeds: torch.Tensor, rope: RopeTable,
+                     kvs: list[tuple[torch.Tensor, torch.Tensor]], starts: list[int],
+                     biases: list[torch.Tensor | None], lens: list[int]) -> torch.Tensor:
+        """Several sequences' rows, h [1, R, H], each attending over its own cache
+        (`Attention.forward_many`)."""
+        x, h = self._input(h, embeds)
+        h = h + self.self_attn.forward_many(x, rope, kvs, starts, biases, lens)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def _input(self, h: torch.Tensor, embeds: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (the attention's input [B, T, 2H or H], the residual [B, T, H])."""
+        if not self.is_input_layer:
+            return self.input_layernorm(h), h
+        normed = self.hidden_norm(h)  # [B, T, H]
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        return x, normed if self.norm_before_residual else h
 
 
 class Eagle3Draft(nn.Module):

@@ -103,6 +103,23 @@ class Attention(nn.Module):
         every row visible). With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start`
         is ignored: rows are written by index and attention reads the whole cache (mask
         [B, T, max_len])."""
+        q, k, v = self._project(x, rope)
+        return self._output(self._cached(q, k, v, kv, start, bias, cache_rows))
+
+    def forward_many(self, x: torch.Tensor, rope: RopeTable,
+                     kvs: list[tuple[torch.Tensor, torch.Tensor]], starts: list[int],
+                     biases: list[torch.Tensor | None], lens: list[int]) -> torch.Tensor:
+        """Several sequences' rows one after the other, x [1, R, in_dim] (R = sum(lens)), each
+        attending over its own cache `kvs[i]` from row `starts[i]` under `biases[i]` (as in
+        `forward`): the projections read their weights once for all rows."""
+        q, k, v = self._project(x, rope)  # [1, heads, R, hd] each
+        outs = [self._cached(qi, ki, vi, kv, start, bias) for qi, ki, vi, kv, start, bias in
+                zip(q.split(lens, 2), k.split(lens, 2), v.split(lens, 2), kvs, starts, biases)]
+        return self._output(torch.cat(outs, dim=2))
+
+    def _project(self, x: torch.Tensor, rope: RopeTable
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, in_dim] -> q [B, H, T, hd], k and v [B, KVH, T, hd], q and k rotated."""
         B, T, _ = x.shape
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = self.qkv_proj(x).view(B, T, heads, self.head_dim).transpose(1, 2)  # [B, heads, T, hd]
@@ -111,8 +128,16 @@ class Attention(nn.Module):
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
         qk = rope.apply(qk)  # one rotation for q and k
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        return qk[:, :self.num_heads], qk[:, self.num_heads:], \
+            qkv[:, self.num_heads + self.num_kv_heads:]
+
+    @staticmethod
+    def _cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor], start: int, bias: torch.Tensor | None,
+                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Write k/v [B, KVH, T, hd] into the cache and attend q [B, H, T, hd] over it
+        (`forward` says which rows) -> [B, H, T, hd]."""
+        B, T = q.shape[0], q.shape[2]
         k_cache, v_cache = kv  # in the model's dtype, or float16 (a q4 target's, read widened)
         if cache_rows is None:
             k_cache[:B, :, start:start + T] = k
@@ -122,7 +147,11 @@ class Attention(nn.Module):
             keys, values = k_cache[:B], v_cache[:B]
             keys.index_copy_(2, cache_rows, k.to(keys.dtype))
             values.index_copy_(2, cache_rows, v.to(values.dtype))
-        out = attend(q, keys.to(q.dtype), values.to(q.dtype), bias)
+        return attend(q, keys.to(q.dtype), values.to(q.dtype), bias)
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output [B, H, T, hd] -> [B, T, hidden]."""
+        B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 

@@ -9,6 +9,7 @@ calls. Not here: loading weights (`loader.py`), decoding loops (`baseline.py`, `
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,15 @@ class DecoderLayer(nn.Module):
                 ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, bias,
                                cache_rows)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_many(self, h: torch.Tensor, rope: RopeTable,
+                     kvs: list[tuple[torch.Tensor, torch.Tensor]], starts: list[int],
+                     biases: list[torch.Tensor | None], lens: list[int]) -> torch.Tensor:
+        """Several sequences' rows, h [1, R, H], each attending over its own cache
+        (`Attention.forward_many`)."""
+        h = h + self.self_attn.forward_many(self.input_layernorm(h), rope, kvs, starts, biases,
+                                            lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -90,14 +100,22 @@ class TargetModel(nn.Module):
                                    aux_layer_ids)  # models/cpu_lowbit.FusedDecoder, h normed
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
-            captured: list[torch.Tensor] = []
-            for i, layer in enumerate(self.layers):
-                if i in aux_layer_ids:
-                    captured.append(h)
-                h = layer(h, rope, cache.layers[i], start, bias, cache_rows)
-            if self.cfg.num_layers in aux_layer_ids:
-                captured.append(h)
-            aux = torch.cat(captured, dim=-1) if captured else None
-            h = self.norm(h)
+            h, aux = self.decode_layers(h, aux_layer_ids, lambda i, layer, x: layer(
+                x, rope, cache.layers[i], start, bias, cache_rows))
         logits = self.lm_head(h[:, -1:] if last_only else h).float()
         return TargetOutput(logits=logits, aux_hidden=aux, final_hidden=h)
+
+    def decode_layers(self, h: torch.Tensor, aux_layer_ids: tuple[int, ...],
+                      run: Callable[[int, DecoderLayer, torch.Tensor], torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder stack of the eager forwards: `run(i, layer, h)` applies layer i ->
+        (the final normed hidden [.., H], the inputs of the `aux_layer_ids` layers
+        concatenated [.., len * H], or None)."""
+        captured: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layer_ids:
+                captured.append(h)
+            h = run(i, layer, h)
+        if self.cfg.num_layers in aux_layer_ids:
+            captured.append(h)
+        return self.norm(h), torch.cat(captured, dim=-1) if captured else None
