@@ -32,7 +32,8 @@ from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.scheduler import Scheduler
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][:8]
-engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights=sys.argv[3]))
+engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights="q4" if sys.argv[3] == "q4" else "dense",
+                                       dtype="fp32" if sys.argv[3] == "q4" else sys.argv[3]))
 prompts = [engine.encode(r["turns"][0]) for r in rows]
 params = SamplingParams(max_new_tokens=int(sys.argv[2]), ignore_eos=True)
 
