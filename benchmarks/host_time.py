@@ -4,20 +4,30 @@
         [--json out.json]
 
 A tiny random Llama target (8 layers, hidden 32, vocab 96) and a random one-layer head, made in
-a temporary folder, on the CPU, one thread: each forward costs a few microseconds, so an
-iteration's time is what Python and the framework do around the kernels, the part that sits
-on a GPU's critical path between graph replays. Decodes `--tokens` tokens (EOS ignored) with
-plain decoding and with EAGLE-3 (a k2 s2 n4 tree without drafts from the context, the shape a
-GPU runs), through `EagleEngine.stream` (the scheduler, as the app), `--repeats` times. Reports
-per iteration: the wall time between events as the caller sees them, the phases the events
-time (EAGLE-3: draft, verify with acceptance and the read-back, extend with the stop rules;
-plain: decode), and the rest (the scheduler's loop, events, delivery). `--profile N` adds the
-N functions with the most own time under cProfile (which slows every call: read it as a
-split, not as times).
+a temporary folder, on the CPU, one thread. Decodes `--tokens` tokens (EOS ignored) with plain
+decoding and with EAGLE-3 (a k2 s2 n4 tree without drafts from the context, the shape a GPU
+runs), through `EagleEngine.stream` (the scheduler, as the app), `--repeats` times, two ways:
+
+- `graphs`: the app's path on a GPU, with every replay free. The engine runs in graph mode:
+  each request leases a slot, its phases are runners on static buffers, and each runner's
+  "capture" runs its static function once and keeps the output, as a CUDA graph keeps its
+  output buffers; a replay then copies the inputs into the buffers and returns that output
+  without computing. What is left is the host's own work per iteration, the part that sits on
+  a GPU's critical path between replays: tree building, acceptance, the commit, the read-back,
+  stop rules, detokenization and events. (The tokens are not the model's, as the outputs are
+  stale; the work per iteration is the same.)
+- `eager`: the CPU path; each forward's eager per-op cost is in the phases.
+
+Reports per iteration: the wall time between events as the caller sees them, the phases the
+events time (EAGLE-3: draft, verify with acceptance and the read-back, extend with the stop
+rules; plain: decode), and the rest (the scheduler's loop, events, delivery). `--profile N`
+adds the N functions with the most own time under cProfile (which slows every call: read it
+as a split, not as times).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -29,8 +39,10 @@ from pathlib import Path
 
 import torch
 
+from eagle_engine import cuda_graph
 from eagle_engine.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
+from eagle_engine.cuda_graph import GraphMode, GraphPhases
 from tests.helpers import tiny_engine
 
 TREE = TreeParams.parse("k=2,s=2,n=4,ctx=off")
@@ -72,6 +84,35 @@ def profile(engine, head: str | None, tokens: int, top: int) -> list[str]:  # no
     return [line for line in out.getvalue().splitlines() if line.strip()][-top:]
 
 
+class FreeReplay:
+    """A captured graph whose replay costs nothing: the runner's output stays as captured."""
+
+    @staticmethod
+    def replay() -> None:
+        pass
+
+
+def capture_free(phases: GraphPhases) -> None:
+    """`GraphPhases.capture` without CUDA: each runner runs its static function once on its
+    dummy input and keeps that output, as a graph keeps its output buffers."""
+    for _, runner in phases.runners.values():
+        runner.replay_prepare(runner.dummy_input())
+        runner.output = runner.forward()
+        runner.graph = FreeReplay()
+
+
+@contextlib.contextmanager
+def free_replays():
+    """Engines run in graph mode on the CPU, their replays free (`capture_free`)."""
+    saved = cuda_graph.graph_mode, GraphPhases.capture
+    cuda_graph.graph_mode = lambda enabled, device: GraphMode.GRAPHS
+    GraphPhases.capture = capture_free
+    try:
+        yield
+    finally:
+        cuda_graph.graph_mode, GraphPhases.capture = saved
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=256)
@@ -82,15 +123,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         engine = tiny_engine(Path(tmp), {"head": {}}, max_len=args.tokens + 128)
-        decode(engine, "head", 16)  # warm-up
-        decode(engine, None, 16)
         report = {"kind": "host_time", "tree": TREE.spec(), "tokens": args.tokens,
                   "provenance": provenance()}
-        for name, head in (("plain", None), ("eagle", "head")):
-            report[name] = summary([decode(engine, head, args.tokens)
-                                    for _ in range(args.repeats)])
-            if args.profile:
-                report[name]["profile"] = profile(engine, head, args.tokens, args.profile)
+        for path, patch in (("graphs", free_replays), ("eager", contextlib.nullcontext)):
+            with patch():
+                for name, head in (("plain", None), ("eagle", "head")):
+                    row = f"{name}, {path}"
+                    decode(engine, head, 16)  # warm-up (in graph mode: slots and captures)
+                    report[row] = summary([decode(engine, head, args.tokens)
+                                           for _ in range(args.repeats)])
+                    if args.profile:
+                        report[row]["profile"] = profile(engine, head, args.tokens,
+                                                         args.profile)
     print(json.dumps(report, indent=1))
     if args.json:
         print(f"wrote {write_report(args.json, report)}")

@@ -112,6 +112,8 @@ class Attention(nn.Module):
         """Several sequences' rows one after the other, x [1, R, in_dim] (R = sum(lens)), each
         attending over its own cache `kvs[i]` from row `starts[i]` under `biases[i]` (as in
         `forward`): the projections read their weights once for all rows."""
+        if len(lens) == 1:
+            return self.forward(x, rope, kvs[0], starts[0], biases[0])
         q, k, v = self._project(x, rope)  # [1, heads, R, hd] each
         outs = [self._cached(qi, ki, vi, kv, start, bias) for qi, ki, vi, kv, start, bias in
                 zip(q.split(lens, 2), k.split(lens, 2), v.split(lens, 2), kvs, starts, biases)]
