@@ -99,7 +99,7 @@ def soak_table(report: dict) -> list[str]:
 def host_time_table(report: dict) -> list[str]:
     lines = ["| mode | iterations | us per iteration | phases, us | rest, us |",
              "|---|---|---|---|---|"]
-    for mode in ("plain", "eagle"):
+    for mode in [k for k, v in report.items() if isinstance(v, dict) and "wall_us" in v]:
         m = report[mode]
         phases = ", ".join(f"{k} {v:.0f}" for k, v in m["phases_us"].items())
         lines.append(f"| {mode} | {m['iterations']} | {m['wall_us']:.0f} | {phases} | "
@@ -121,7 +121,8 @@ def describe(report: dict) -> str:
                 f"visitors, each answer from a new session, {a['max_new_tokens']} tokens")
     if kind == "host_time":
         return (f"a tiny random target and head on one CPU thread, {report['tokens']} tokens, "
-                f"EAGLE-3 tree {report['tree']}: the host's time per iteration")
+                f"EAGLE-3 tree {report['tree']}: the host's time per iteration, on the graph "
+                "path with free replays (a GPU's host work) and on the eager path")
     s = report["sampling"]
     sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}"
     return (f"{report['rows']} MT-bench questions, both turns, {report['max_new_tokens']} tokens, "

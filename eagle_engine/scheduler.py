@@ -32,9 +32,11 @@ Requests join and leave only between steps. With eager phases each owns its cach
 what it can use (its prompt, `max_new_tokens` and its tree, at most the context window); under
 CUDA graphs, which bake cache addresses in, each takes a slot: a context-window cache made once
 and kept, with the phases captured on it per head and tree. The batched
-forwards (`batch_phases.py`, `models/batched.py`) give every request the numbers it gets alone:
-greedy output equals the request run alone, and a sampled request draws the same coins from its
-own generator, so sampling stays lossless (and reproducible under a seed). A request whose
+forwards (`batch_phases.py`, `models/batched.py`) read each weight once for all requests and
+give every request its own numbers: with q4 weights the bits it gets alone, with dense weights
+up to the rounding a matrix product may change with the rows beside it. Greedy output equals
+the request run alone (tests/test_scheduler.py), and a sampled request draws the same coins
+from its own generator, so sampling stays lossless (and reproducible under a seed). A request whose
 admission fails gets its error alone; an error in a shared phase fails the requests of that
 step, whose caches are dropped, and the scheduler takes the next requests as before.
 A request's time (`RunStats.elapsed_s`) runs from its admission: a shared step counts whole
