@@ -596,8 +596,10 @@ def sampling_state(temperature: float) -> list[dict]:
 
 
 def _sidebar(pg: Playground) -> dict[str, Any]:
-    """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
-    tree sliders start at the default engine's default tree (smaller with q4 weights)."""
+    """Sidebar controls keyed by Settings field name (plus the status and display toggles). It
+    leads with the head and the tree's shape (topk, steps, draft tokens), then the finer tree
+    settings in a closed "Advanced tree" group, sampling and the target's weights; the tree
+    sliders start at the default engine's default tree (smaller with q4 weights)."""
     weights, engine = next(iter(pg.engines.items()))
     tree = engine.default_tree
     default = ui.default_head(pg.heads)
@@ -608,11 +610,6 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines),
                                      engine.tuned and engine.tuned.summary(weights)),
                     elem_id="engine-status")
-        c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
-                                info=engine.tuned.weights_info() if engine.tuned else
-                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
-                                "dense copies", visible=len(pg.engines) > 1,
-                                elem_id="weights")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
                                 interactive=bool(pg.heads), elem_id="spec")
         c["aux"] = gr.Checkbox(aux, label="Aux hidden states", elem_id="aux")
@@ -627,34 +624,42 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         c["num_draft_tokens"] = gr.Slider(2, 64, tree.num_draft_tokens, step=1,
                                           precision=0, label="Draft tokens", interactive=drafts,
                                           elem_id="draft-tokens")
-        c["context_drafts"] = gr.Checkbox(
-            tree.context_drafts, label="Drafts from context", interactive=drafts,
-            elem_id="context-drafts",
-            info="also draft what followed the latest earlier occurrence of the text's end "
-            "(prompt and answer so far); it competes for the same draft tokens")
-        c["min_score"] = gr.Slider(
-            0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
-            interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
-            "probability is at least this: an unsure draft then costs no verify row (0: always "
-            "the full tree)")
-        c["context_extra"] = gr.Slider(
-            0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts past the "
-            "tree", interactive=drafts, elem_id="context-extra", info="verify up to this many "
-            f"more drafts from context past Draft tokens, each at least {CHAIN_SURE:g} likely "
-            "(0: none)")
-        c["step_cut"] = gr.Slider(
-            0, 0.9, tree.step_cut, step=0.05, label="Min path probability for a deeper draft "
-            "step", interactive=drafts, elem_id="step-cut", info="run the head's draft steps "
-            "past the first only while its best draft so far is at least this likely: a deeper "
-            "step then runs where it can pay (0: every step)")
+        with gr.Accordion("Advanced tree", open=False, elem_id="advanced-tree"):
+            c["min_score"] = gr.Slider(
+                0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
+                interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
+                "probability is at least this: an unsure draft then costs no verify row (0: "
+                "always the full tree)")
+            c["context_drafts"] = gr.Checkbox(
+                tree.context_drafts, label="Drafts from context", interactive=drafts,
+                elem_id="context-drafts",
+                info="also draft what followed the latest earlier occurrence of the text's end "
+                "(prompt and answer so far); it competes for the same draft tokens")
+            c["context_extra"] = gr.Slider(
+                0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts "
+                "past the tree", interactive=drafts, elem_id="context-extra", info="verify up "
+                f"to this many more drafts from context past Draft tokens, each at least "
+                f"{CHAIN_SURE:g} likely (0: none)")
+            c["step_cut"] = gr.Slider(
+                0, 0.9, tree.step_cut, step=0.05, label="Min path probability for a deeper "
+                "draft step", interactive=drafts, elem_id="step-cut", info="run the head's "
+                "draft steps past the first only while its best draft so far is at least this "
+                "likely: a deeper step then runs where it can pay (0: every step)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
         c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, 128, step=1, precision=0,
                                         label="Max new tokens", elem_id="max-new-tokens")
         c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
+        c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
+                                info=engine.tuned.weights_info() if engine.tuned else
+                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
+                                "dense copies", visible=len(pg.engines) > 1,
+                                elem_id="weights")
         c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
-        c["compare"] = gr.Checkbox(False, label="Compare with baseline (runs after)",
+        c["compare"] = gr.Checkbox(False, label="Race plain decoding after each answer",
+                                   info="runs the target alone on the same prompt after the "
+                                   "answer, measures the speedup and replays both side by side",
                                    interactive=drafts, elem_id="compare")
     return c
 
