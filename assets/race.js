@@ -50,7 +50,8 @@ const play = (race) => {
       order.push(l.name);
     }
     clock.textContent = `${c.toFixed(2)} s`;
-    if (order.length === lanes.length) {
+    if (order.length === lanes.length) {  // the clock ends at the last recorded time
+      clock.textContent = `${Math.max(...lanes.map(end)).toFixed(2)} s`;
       race.dataset.order = order.join(',');
       race.classList.replace('playing', 'finished');
       return;

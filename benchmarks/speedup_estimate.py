@@ -102,7 +102,8 @@ def in_browser(engines: list[Any], worker: app.EngineThread, costs: dict, tokens
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| load | prompt | tokens | estimate | measured | error |", "|---|---|---|---|---|---|"]
+    lines = ["| load | prompt | tokens | estimate | measured | error |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['load']} | {r['prompt']} | {r['tokens']} | {r['estimate']:.3f} | "
               f"{r['measured']:.3f} | {100 * r['error']:+.1f}% |" for r in rows]
     return "\n".join(lines)

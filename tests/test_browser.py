@@ -383,6 +383,7 @@ def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None
     measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", status.inner_text())
     assert measured is not None
     tokens = page.locator("#draft-tokens input[type=number]")
+    page.locator("#advanced-tree").get_by_text("Advanced tree").click()  # closed at first
     cut = page.locator("#min-score input[type=number]")
     ex(tokens).to_have_value(measured.group(3))
     ex(page.locator("#topk input[type=number]")).to_have_value(measured.group(1))
