@@ -374,7 +374,7 @@ class Playground:
         speedup, base = None, None
         if head is not None and not cut(view):
             turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling,
-                                 "weights": s.weights}
+                                 "weights": s.weights, "estimate": est}
         if head is not None and s.compare and not cut(view):
             base = yield from self._plain_run(engine, ids, sampling, stop)
             if not cut(base):
@@ -414,7 +414,7 @@ class Playground:
     def race(self, history: list[dict], request: gr.Request | None = None) -> Iterator[tuple]:
         """The Race button: plain decoding of the last answer's prompt (with that answer's
         sampling and target weights), then the race of the two in the compare panel and the
-        measured speedup in the tiles."""
+        measured speedup in the tiles, beside the answer's estimate."""
         side = history[-1].get("race") if history else None
         if side is None:
             gr.Warning("The race needs a whole EAGLE-3 answer: send a message with speculative "
@@ -445,7 +445,7 @@ class Playground:
             return
         speedup = measured_speedup(eagle.stats, base.stats)
         yield pack(status=f"Race ready · {result_text(eagle, plain)}",
-                   tiles=ui.tiles_html(eagle.stats, True, speedup),
+                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"]),
                    compare=compare_html(eagle, plain, sampling.greedy))
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,

@@ -89,30 +89,37 @@ def verdict_text(eagle: Lane, plain: Lane, greedy: bool, stopped: bool) -> str:
             "can flip; in fp32 the texts match.")
 
 
-def _column(title: str, lane: Lane, col_id: str, name: str) -> str:
+def _column(title: str, lane: Lane, col_id: str, name: str, done_at: float | None) -> str:
+    """One answer's column; `done_at`: when it finished on the race's clock (no race: None)."""
     s = lane.stats
     meta = (f"{tokens_text(lane.num_tokens)} · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
             f"{s.get('elapsed_s', 0.0):.2f} s")
-    return (f'<div class="compare-col" id="{col_id}" data-lane="{name}">'
-            f'<div class="compare-title">{title}<span class="race-done"></span></div>'
-            f'<div class="compare-meta">{meta}</div><div class="spec-answer">{lane.html}'
-            '</div></div>')
+    done = "" if done_at is None else f" · done at {done_at:.2f} s"
+    return (f'<div class="compare-col{" done" * (done_at is not None)}" id="{col_id}" '
+            f'data-lane="{name}"><div class="compare-title">{title}<span class="race-done">'
+            f'{done}</span></div><div class="compare-meta">{meta}</div>'
+            f'<div class="spec-answer">{lane.html}</div></div>')
 
 
 def compare_html(eagle: Lane, plain: Lane, greedy: bool, stopped: bool = False) -> str:
     """Both answers side by side with the verdict. A whole plain run (not `stopped`) makes a
     race: the panel carries its recorded timings (`race_data`) for the page to replay, a
-    replay button and the result; it shows the finished state until the page replays it."""
+    replay button and the result; drawn here as the race ends (each column's finish, the
+    clock at the last), which the page's replay ends on too."""
     verdict = html.escape(verdict_text(eagle, plain, greedy, stopped))
-    cols = (f'<div class="compare-cols">{_column("EAGLE-3", eagle, "compare-eagle", "eagle")}'
-            f'{_column("Plain decoding (target only)", plain, "compare-base", "plain")}</div>')
+    ends = (None, None) if stopped else (eagle.end_s, plain.end_s + plain_offset(eagle, plain))
+    cols = (f'<div class="compare-cols">'
+            f'{_column("EAGLE-3", eagle, "compare-eagle", "eagle", ends[0])}'
+            f'{_column("Plain decoding (target only)", plain, "compare-base", "plain", ends[1])}'
+            '</div>')
     if stopped:
         return (f'<div class="compare"><div class="compare-verdict">{verdict}</div>{cols}'
                 '</div>')
     data = html.escape(json.dumps(race_data(eagle, plain), separators=(",", ":")))
     return (f'<div class="compare race" data-race="{data}"><div class="race-head">'
             '<button type="button" class="race-play">▶ Replay the race</button>'
-            '<span class="race-clock" aria-live="off"></span><span class="race-note">each '
+            f'<span class="race-clock" aria-live="off">{max(ends):.2f} s</span>'
+            '<span class="race-note">each '
             "side at its own recorded pace: every step appears at the engine time it was "
             "produced; plain decoding starts from the answer's prefill</span></div>"
             f'<div class="compare-verdict">{verdict}</div>{cols}'

@@ -19,6 +19,7 @@ from eagle_engine import ui_render as ui
 from eagle_engine.engine import EagleEngine
 from eagle_engine.events import StepEvent, TokenSpan
 from eagle_engine.race import Lane, compare_html, plain_offset, race_data, result_text
+from eagle_engine.speed_estimate import CostTable, VerifyCost
 from tests.test_app_batch import engine, settings  # noqa: F401 (fixture)
 
 RACE_ATTR = re.compile(r'data-race="([^"]*)"')
@@ -79,9 +80,10 @@ def test_compare_races_the_two_runs_with_their_own_event_times(engine: EagleEngi
 
 def test_the_race_button_races_the_last_answer_with_plain_decoding(engine: EagleEngine) -> None:
     """An answer without "compare", then Race: plain decoding of the same prompt, with the
-    answer's sampling and weights; the tiles get the measured speedup; a stopped or plain
-    answer cannot race."""
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    answer's sampling and weights; the tiles get the measured speedup beside the answer's
+    estimate; a plain answer or none cannot race."""
+    cost = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
+    pg = app.Playground([engine], app.EngineThread(), 0.0, {engine.config.weights_label: cost})
     spy = Spy(pg)
     last = list(pg.run([], QUESTION, settings(engine, True)))[-1]
     history = last[app.OUTPUTS.index("history")]
@@ -93,7 +95,8 @@ def test_the_race_button_races_the_last_answer_with_plain_decoding(engine: Eagle
     assert_race_of(panel_race(compare), eagle, plain)
     assert "".join(ev.text for ev in plain) == history[-1]["text"]  # greedy: the same text
     assert status.startswith("Race ready · ")
-    assert "(measured" in tiles
+    estimated = history[-1]["race"]["estimate"].speedup
+    assert f"(measured; estimate ≈{estimated:.2f}×)" in tiles
     assert any(str(f[app.OUTPUTS.index("status")]).startswith("Baseline") for f in frames[:-1])
     plain_answer = list(pg.run([], QUESTION, settings(engine, False)))[-1]
     said: list[str] = []
@@ -138,5 +141,6 @@ def test_panel_escapes_the_texts_and_a_stopped_run_does_not_race() -> None:
     raced = compare_html(one, one, greedy=True)
     assert "<b>" not in raced and '"x"' not in raced
     assert panel_race(raced)["eagle"] == {"t": [0.1], "n": [1], "offset": 0.0}
+    assert raced.count("done at 0.10 s") == 2 and '">0.10 s</span>' in raced  # as it ends
     stopped = compare_html(one, one, greedy=True, stopped=True)
     assert "data-race" not in stopped and "race-play" not in stopped
