@@ -383,8 +383,8 @@ class Playground:
             status = (f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}; the answer "
                       "above is complete." if base
                       else f"Stopped after {ui.tokens_text(view.num_tokens)}.")
-            yield self._frame(turns, status, view, head, None, s.weights, est, base,
-                              sampling.greedy, stopped=True)
+            yield self._frame(turns, status + " The engine is ready for the next message.", view,
+                              head, None, s.weights, est, base, sampling.greedy, stopped=True)
             return
         reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
         reused = view.stats.get("reused_tokens", 0)
