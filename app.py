@@ -1,12 +1,12 @@
 """EAGLE-3 Playground: a Gradio chat over `eagle_engine` that streams every draft/verify step as
-coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
+coloured token spans, with sidebar controls, speed tiles, the draft tree and the race of an
+answer and plain decoding.
 
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (the
 target and heads to load: the bundled ones or `--target` / `--draft`; the bundled model's
 package, engine load with warm-up, plus a copy of a GGUF target with the other weights
 (q4 <-> dense) on a CPU, each target's verify cost in plain-decoding steps for the speedup
-estimate, the
-loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
+estimate, the loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
 GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B visitors are answered at
 once: their requests go to one `Scheduler` per engine, stepped together on the engine thread;
 B = 1 answers one request at a time.

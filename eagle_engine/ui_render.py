@@ -100,7 +100,9 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
 
 @dataclass
 class AnswerView:
-    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree."""
+    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree,
+    its verify forwards (`speed_estimate.Verify`) and per event its time and the token elements
+    drawn so far (`race.Lane`)."""
 
     parts: list[str] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
