@@ -1,15 +1,19 @@
 """EAGLE-3 Playground: a Gradio chat over `eagle_engine` that streams every draft/verify step as
-coloured token spans, with sidebar controls, speed tiles, the draft tree and a baseline compare.
+coloured token spans, with sidebar controls, speed tiles, the draft tree and the race of an
+answer and plain decoding.
 
 Owns the layout, the sidebar -> request mapping, the streaming handlers and startup (the
 target and heads to load: the bundled ones or `--target` / `--draft`; the bundled model's
 package, engine load with warm-up, plus a copy of a GGUF target with the other weights
-(q4 <-> dense) on a CPU, each target's plain-decoding speed for the speedup estimate, the
-loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
+(q4 <-> dense) on a CPU, each target's verify cost in plain-decoding steps for the speedup
+estimate, the loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
 GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B visitors are answered at
 once: their requests go to one `Scheduler` per engine, stepped together on the engine thread;
 B = 1 answers one request at a time.
-Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`).
+After an EAGLE-3 answer, plain decoding of the same prompt runs for the race ("compare", or the
+Race button); the page replays the race from the two runs' recorded timings (`assets/race.js`).
+Not here: decoding (`eagle_engine/engine.py`) or drawing (`eagle_engine/ui_render.py`,
+`eagle_engine/race.py`).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -37,14 +41,15 @@ from eagle_engine import ui_render as ui
 from eagle_engine.config import (CHAIN_SURE, CONTEXT_DRAFTS, ConfigError, EngineConfig,
                                  SamplingParams, TreeParams, gguf_target)
 from eagle_engine.events import StepEvent
+from eagle_engine.race import Lane, compare_html, live_html, race_data, result_text
 from eagle_engine.scheduler import Scheduler
-from eagle_engine.speed_estimate import (Estimate, PlainRate, estimate, measure,
-                                         measured_speedup)
+from eagle_engine.speed_estimate import Estimate, VerifyCost, estimate, measure, measured_speedup
 
 log = logging.getLogger("app")
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent
 CSS = ROOT / "assets" / "style.css"
+RACE_JS = ROOT / "assets" / "race.js"  # the compare panel's replay of the race
 HEADS = ROOT / "assets" / "heads"  # the bundled heads, for the bundled target
 SYSTEM_PROMPT: str | None = None  # None: the chat template's default, as in head training
 MAX_NEW_TOKENS = 512
@@ -137,6 +142,13 @@ def chat_messages(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return system + list(itertools.chain.from_iterable(pairs))
 
 
+def conversation_ids(engine: Any, turns: list[dict], user_text: str, left_out: int
+                     ) -> list[int]:
+    """The prompt ids of the conversation less its `left_out` oldest turns, and the message."""
+    return engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
+                                                             "content": user_text}])
+
+
 def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int
                ) -> tuple[list[int], int]:
     """The prompt ids of the conversation and the message, and how many of its oldest turns are
@@ -151,8 +163,7 @@ def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int
 
     @functools.cache
     def prompt(left_out: int) -> list[int]:
-        return engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
-                                                                 "content": user_text}])
+        return conversation_ids(engine, turns, user_text, left_out)
 
     def fits(left_out: int, room: float) -> bool:
         return len(prompt(left_out)) + reserve <= room
@@ -252,15 +263,16 @@ class Playground:
     by `engine.stream` on the engine thread."""
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
-                 rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
+                 costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
                  panel_interval: float = PANEL_INTERVAL_S) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.schedulers = {w: Scheduler(e, max_batch, worker) for w, e in self.engines.items()
                            } if max_batch > 1 else {}
         self.frame_interval, self.panel_interval = frame_interval, panel_interval
-        # each target's plain-decoding speed (for the speedup estimate), refreshed by plain runs
-        self.rates = {w: (rates or {}).get(w) or PlainRate() for w in self.engines}
+        # each target's verify cost in plain steps (the speedup estimate), keyed like engines;
+        # held, not copied: a measurement that ends after start-up (`fill_cost`) joins it
+        self.costs = costs if costs is not None else {}
         self.stops = StopFlags()
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
@@ -275,8 +287,8 @@ class Playground:
             out.append(str(e))
         return out
 
-    def _steps(self, engine: Any, ids: list[int], sampling: SamplingParams, tree: TreeParams,
-               head: str | None) -> Iterator[StepEvent]:
+    def _steps(self, engine: Any, ids: list[int], sampling: SamplingParams,
+               tree: TreeParams | None, head: str | None) -> Iterator[StepEvent]:
         try:
             yield from self._events(engine, ids, sampling, tree, head)
         except ConfigError as e:
@@ -286,8 +298,8 @@ class Playground:
             raise gr.Error(f"The engine failed ({type(e).__name__}: {e}). The page stays usable: "
                            "try again, shorten the chat or change the settings.") from e
 
-    def _events(self, engine: Any, ids: list[int], sampling: SamplingParams, tree: TreeParams,
-                head: str | None) -> Iterator[StepEvent]:
+    def _events(self, engine: Any, ids: list[int], sampling: SamplingParams,
+                tree: TreeParams | None, head: str | None) -> Iterator[StepEvent]:
         """The request's events: from the engine's scheduler (a stopped visitor's request leaves
         before its next step), or, one request at a time, each step of `engine.stream` on the
         engine thread."""
@@ -327,14 +339,15 @@ class Playground:
     def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
                 stop: threading.Event, from_box: bool) -> Iterator[tuple]:
         sampling, tree, head = s.request(self.heads)
-        engine, rate = self.engines[s.weights], self.rates[s.weights]
+        engine, cost = self.engines[s.weights], self.costs.get(s.weights)
         ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
             tree.max_rows if head else 1))
         t0 = time.perf_counter()
         view = ui.AnswerView()
         with closing(self._steps(engine, ids, sampling, tree, head)) as events:
             first = next(events)  # context-window and engine errors surface before history changes
-            turns = [*turns, {}]
+            # only the last turn keeps what a race on request needs
+            turns = [{k: v for k, v in t.items() if k != "race"} for t in turns] + [{}]
             batches = []  # how many requests shared each step
 
             def add(ev: StepEvent) -> None:
@@ -349,27 +362,22 @@ class Playground:
                 panels = now - drawn >= self.panel_interval
                 drawn = now if panels else drawn
                 yield self._frame(turns, status, view, head, None, s.weights,
-                                  estimate(rate, len(ids), view.stats) if head and panels
-                                  else None, panels=panels, sent=from_box and ev is first)
+                                  estimate(cost, len(ids), view.verifies, view.stats)
+                                  if head and panels else None, panels=panels,
+                                  sent=from_box and ev is first)
         turns[-1] = answer_turn(user_text, view, left_out)
         on_screen = time.perf_counter() - t0
 
         def cut(answer: ui.AnswerView) -> bool:  # Stop ended it before its own end
             return stop.is_set() and not answer.finished
-        # the estimate comes before any baseline of this prompt refreshes the rate
-        est = estimate(rate, len(ids), view.stats) if head else None
+        est = estimate(cost, len(ids), view.verifies, view.stats) if head else None
         speedup, base = None, None
-        if head is None:
-            if not cut(view):  # a finished plain run refreshes the rate
-                rate.observe(len(ids), view.stats)
-        elif s.compare and not cut(view):
-            base = ui.AnswerView()
-            with closing(self._steps(engine, ids, sampling, tree, None)) as base_events:
-                for _ in paced(base_events, base.add, self.frame_interval, stop):
-                    yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
-                               compare=ui.compare_html(view, base, sampling.greedy, False))
+        if head is not None and not cut(view):
+            turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling,
+                                 "weights": s.weights, "estimate": est}
+        if head is not None and s.compare and not cut(view):
+            base = yield from self._plain_run(engine, ids, sampling, stop)
             if not cut(base):
-                rate.observe(len(ids), base.stats)
                 speedup = measured_speedup(view.stats, base.stats)
         if cut(view) or (base is not None and cut(base)):
             status = (f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}; the answer "
@@ -391,22 +399,74 @@ class Playground:
         yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
                           sampling.greedy)
 
+    def _plain_run(self, engine: Any, ids: list[int], sampling: SamplingParams,
+                   stop: threading.Event) -> Generator[tuple, None, ui.AnswerView]:
+        """Plain decoding of an answer's prompt for its race, streamed into the compare panel
+        (its tokens alone, so that the page draws about what it drew for the answer); returns
+        its view."""
+        base = ui.AnswerView()
+        with closing(self._steps(engine, ids, sampling, None, None)) as events:
+            for _ in paced(events, base.add, self.frame_interval, stop):
+                yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
+                           compare=live_html(base))
+        return base
+
+    def race(self, history: list[dict], request: gr.Request | None = None) -> Iterator[tuple]:
+        """The Race button: plain decoding of the last answer's prompt (with that answer's
+        sampling and target weights), then the race of the two in the compare panel and the
+        measured speedup in the tiles, beside the answer's estimate."""
+        side = history[-1].get("race") if history else None
+        if side is None:
+            gr.Warning("The race needs a whole EAGLE-3 answer: send a message with speculative "
+                       "decoding on first (an answer that was stopped cannot race).")
+            yield pack()
+            return
+        with self.stops.running(session_of(request)) as stop:
+            if stop is None:
+                gr.Warning("An answer is still streaming: wait for it or press Stop.")
+                yield pack()
+                return
+            try:
+                yield from self._race(history, side, stop)
+            finally:
+                memory.trim()
+
+    def _race(self, history: list[dict], side: dict, stop: threading.Event) -> Iterator[tuple]:
+        eagle, sampling = side["lane"], side["sampling"]
+        if side["weights"] not in self.engines:
+            raise gr.Error(f"target weights {side['weights']!r} are not loaded")
+        engine, turn = self.engines[side["weights"]], history[-1]
+        ids = conversation_ids(engine, history[:-1], turn["user"], turn.get("left_out", 0))
+        base = yield from self._plain_run(engine, ids, sampling, stop)
+        plain = Lane.of(base)
+        if stop.is_set() and not base.finished:
+            yield pack(status=f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}.",
+                       compare=compare_html(eagle, plain, sampling.greedy, stopped=True))
+            return
+        speedup = measured_speedup(eagle.stats, base.stats)
+        yield pack(status=f"Race ready · {result_text(eagle, plain)}",
+                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"]),
+                   compare=compare_html(eagle, plain, sampling.greedy))
+
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
                base: ui.AnswerView | None = None, greedy: bool = True,
                panels: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
         """`sent`: the answer's first frame, which empties the message box; later frames leave
         it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
-        plot, the tree and the timing (else they stay as they are)."""
+        plot, the tree and the timing (else they stay as they are). With `base`, the compare
+        panel: the race of the two, or, `stopped`, the two side by side."""
         moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
                      plot=step_plot(view.accepted_per_step),
                      tree=ui.tree_svg(view.tree, view.tree_step),
                      timing=ui.timing_html(view.stats)) if panels else {}
+        lanes = (Lane.of(view), Lane.of(base)) if base else None
         return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
                     history=turns, status=status, **moved,
                     # an answer without its baseline (yet) clears the last answer's compare
-                    compare=ui.compare_html(view, base, greedy, True, stopped) if base else "",
-                    run=ui.run_record(view, head, speedup, base, greedy, weights, est)
+                    compare=compare_html(*lanes, greedy, stopped) if lanes else "",
+                    run=ui.run_record(view, head, speedup, base, greedy, weights, est,
+                                      race_data(*lanes) if lanes and not stopped else None)
                     if status.startswith("Done") else gr.skip())
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
@@ -536,8 +596,10 @@ def sampling_state(temperature: float) -> list[dict]:
 
 
 def _sidebar(pg: Playground) -> dict[str, Any]:
-    """Sidebar controls keyed by Settings field name (plus the status and display toggles); the
-    tree sliders start at the default engine's default tree (smaller with q4 weights)."""
+    """Sidebar controls keyed by Settings field name (plus the status and display toggles). It
+    leads with the head and the tree's shape (topk, steps, draft tokens), then the finer tree
+    settings in a closed "Advanced tree" group, sampling and the target's weights; the tree
+    sliders start at the default engine's default tree (smaller with q4 weights)."""
     weights, engine = next(iter(pg.engines.items()))
     tree = engine.default_tree
     default = ui.default_head(pg.heads)
@@ -548,11 +610,6 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines),
                                      engine.tuned and engine.tuned.summary(weights)),
                     elem_id="engine-status")
-        c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
-                                info=engine.tuned.weights_info() if engine.tuned else
-                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
-                                "dense copies", visible=len(pg.engines) > 1,
-                                elem_id="weights")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
                                 interactive=bool(pg.heads), elem_id="spec")
         c["aux"] = gr.Checkbox(aux, label="Aux hidden states", elem_id="aux")
@@ -567,34 +624,42 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         c["num_draft_tokens"] = gr.Slider(2, 64, tree.num_draft_tokens, step=1,
                                           precision=0, label="Draft tokens", interactive=drafts,
                                           elem_id="draft-tokens")
-        c["context_drafts"] = gr.Checkbox(
-            tree.context_drafts, label="Drafts from context", interactive=drafts,
-            elem_id="context-drafts",
-            info="also draft what followed the latest earlier occurrence of the text's end "
-            "(prompt and answer so far); it competes for the same draft tokens")
-        c["min_score"] = gr.Slider(
-            0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
-            interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
-            "probability is at least this: an unsure draft then costs no verify row (0: always "
-            "the full tree)")
-        c["context_extra"] = gr.Slider(
-            0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts past the "
-            "tree", interactive=drafts, elem_id="context-extra", info="verify up to this many "
-            f"more drafts from context past Draft tokens, each at least {CHAIN_SURE:g} likely "
-            "(0: none)")
-        c["step_cut"] = gr.Slider(
-            0, 0.9, tree.step_cut, step=0.05, label="Min path probability for a deeper draft "
-            "step", interactive=drafts, elem_id="step-cut", info="run the head's draft steps "
-            "past the first only while its best draft so far is at least this likely: a deeper "
-            "step then runs where it can pay (0: every step)")
+        with gr.Accordion("Advanced tree", open=False, elem_id="advanced-tree"):
+            c["min_score"] = gr.Slider(
+                0, 0.5, tree.min_score, step=0.01, label="Min draft probability",
+                interactive=drafts, elem_id="min-score", info="verify only drafts whose path "
+                "probability is at least this: an unsure draft then costs no verify row (0: "
+                "always the full tree)")
+            c["context_drafts"] = gr.Checkbox(
+                tree.context_drafts, label="Drafts from context", interactive=drafts,
+                elem_id="context-drafts",
+                info="also draft what followed the latest earlier occurrence of the text's end "
+                "(prompt and answer so far); it competes for the same draft tokens")
+            c["context_extra"] = gr.Slider(
+                0, 16, tree.context_extra, step=1, precision=0, label="Sure context drafts "
+                "past the tree", interactive=drafts, elem_id="context-extra", info="verify up "
+                f"to this many more drafts from context past Draft tokens, each at least "
+                f"{CHAIN_SURE:g} likely (0: none)")
+            c["step_cut"] = gr.Slider(
+                0, 0.9, tree.step_cut, step=0.05, label="Min path probability for a deeper "
+                "draft step", interactive=drafts, elem_id="step-cut", info="run the head's "
+                "draft steps past the first only while its best draft so far is at least this "
+                "likely: a deeper step then runs where it can pay (0: every step)")
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
         c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, 128, step=1, precision=0,
                                         label="Max new tokens", elem_id="max-new-tokens")
         c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
+        c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
+                                info=engine.tuned.weights_info() if engine.tuned else
+                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
+                                "dense copies", visible=len(pg.engines) > 1,
+                                elem_id="weights")
         c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
-        c["compare"] = gr.Checkbox(False, label="Compare with baseline (runs after)",
+        c["compare"] = gr.Checkbox(False, label="Race plain decoding after each answer",
+                                   info="runs the target alone on the same prompt after the "
+                                   "answer, measures the speedup and replays both side by side",
                                    interactive=drafts, elem_id="compare")
     return c
 
@@ -616,6 +681,7 @@ def _main_panel() -> dict[str, Any]:
         o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
         o["regen"] = gr.Button("Regenerate", elem_id="regen")
         o["clear"] = gr.Button("Clear", elem_id="clear")
+        o["race"] = gr.Button("Race plain decoding", elem_id="race-btn")
     gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)")
     o["status"] = gr.Markdown("Ready.", label="Status line", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
@@ -628,7 +694,9 @@ def _main_panel() -> dict[str, Any]:
         o["timing"] = gr.HTML(ui.timing_html({}), label="Per-phase timing", elem_id="timing",
                               min_width=320)
     o["tree"] = gr.HTML(ui.tree_svg([]), label="Latest draft tree", elem_id="tree")
-    o["compare"] = gr.HTML("", label="EAGLE-3 vs baseline", elem_id="compare-out")
+    # the race of an answer and plain decoding, replayed by the page (assets/race.js)
+    o["compare"] = gr.HTML("", label="EAGLE-3 vs plain decoding", elem_id="compare-out",
+                           js_on_load=RACE_JS.read_text())
     with gr.Accordion("Last run (JSON)", open=False):
         o["run"] = gr.JSON(label="Last run", elem_id="run-json")
     return o
@@ -636,14 +704,15 @@ def _main_panel() -> dict[str, Any]:
 
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
-               rates: Mapping[str, PlainRate] | None = None, max_batch: int = 1,
+               costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
                progress: str = PROGRESS, panel_interval: float = PANEL_INTERVAL_S) -> gr.Blocks:
-    """The Blocks over `engines` (the first is the default "Target weights"); `rates`: their
-    plain-decoding speeds measured at warm-up (`speed_estimate.measure`), keyed like engines;
+    """The Blocks over `engines` (the first is the default "Target weights"); `costs`: their
+    verify costs in plain steps measured at warm-up (`speed_estimate.measure`), keyed like
+    engines (a measurement that ends later joins the same dict);
     `max_batch`: how many visitors are answered at once (the chat handlers' concurrency);
     `progress`: Gradio's `show_progress` on the status line while an answer streams;
     `panel_interval`: how often the panels under the chat move while an answer streams."""
-    pg = Playground(engines, worker or EngineThread(), frame_interval, rates, max_batch,
+    pg = Playground(engines, worker or EngineThread(), frame_interval, costs, max_batch,
                     panel_interval)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
@@ -656,7 +725,8 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
         runs = [gr.on([o["send"].click, o["prompt"].submit], pg.send,
                       [o["prompt"], o["history"], *settings], api_name="chat", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
-                                 **engine_kw)]
+                                 **engine_kw),
+                o["race"].click(pg.race, [o["history"]], api_name="race", **engine_kw)]
         # queued, for its toast (Gradio shows none from an unqueued event), in a group of its
         # own that never waits behind the answers
         o["stop"].click(pg.stop, None, None, api_name="stop", concurrency_id="stop",
@@ -802,16 +872,15 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     return engines
 
 
-def fill_rate(engine: Any, rate: PlainRate) -> None:
-    """Measure `engine`'s plain decoding speed into `rate` in one assignment, keeping any answer
-    observed meanwhile: a frame drawn before shows no estimate, never half a measurement. A
-    failed measurement is logged; the rate then starts from the first plain answer."""
+def fill_cost(engine: Any, head: str | None, costs: dict[str, VerifyCost | None]) -> None:
+    """Measure `engine`'s verify cost in plain steps into `costs` (under its weights' label) in
+    one assignment: a frame drawn before shows no estimate, never half a measurement. A failed
+    measurement is logged; that target's answers then show no estimate."""
     try:
-        measured = measure(engine)
+        costs[engine.config.weights_label] = measure(engine, head)
     except Exception:  # noqa: BLE001 - runs unobserved on the engine thread
-        log.exception("measuring the %s weights' plain speed failed", engine.config.weights_label)
-        return
-    rate.points = {**measured.points, **rate.points}
+        log.exception("measuring the %s weights' verify cost failed",
+                      engine.config.weights_label)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -827,14 +896,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     t0 = time.perf_counter()
     first = engines[0].config.weights_label
-    rates = {first: worker.call(measure, engines[0])}
-    log.info("plain decoding speed of the %s weights measured in %.1f s (for the speedup "
-             "estimate)%s", first, time.perf_counter() - t0, "; the other weights' is measured "
-             "on the engine thread as the UI starts" if len(engines) > 1 else "")
-    for engine in engines[1:]:  # dense fp32: 5-6 s of a 25 s start
-        rates[engine.config.weights_label] = rate = PlainRate()
-        worker.submit(fill_rate, engine, rate)
-    demo = build_demo(engines, worker, rates=rates, max_batch=engines[0].config.max_batch)
+    head = ui.default_head(engines[0].head_info())
+    head = head and head.name
+    costs: dict[str, VerifyCost | None] = {}
+    worker.call(fill_cost, engines[0], head, costs)
+    log.info("verify cost of the %s weights measured in %.1f s (for the speedup estimate)%s",
+             first, time.perf_counter() - t0, "; the other weights' is measured on the engine "
+             "thread as the UI starts" if len(engines) > 1 else "")
+    for engine in engines[1:]:
+        worker.submit(fill_cost, engine, head, costs)
+    demo = build_demo(engines, worker, costs=costs, max_batch=engines[0].config.max_batch)
     demo.queue(max_size=16, default_concurrency_limit=1)
     # The loaded engines and UI are ~0.5M tracked objects that live as long as the process: a
     # full collection over one engine's stalled a stream ~0.2 s once in ~40 answers.

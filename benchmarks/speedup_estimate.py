@@ -1,56 +1,159 @@
-"""How close is the app's estimated speedup (eagle_engine/speed_estimate.py) to the measured one?
+"""How close is the app's estimated speedup (eagle_engine/speed_estimate.py) to the measured one,
+on a quiet machine and under load?
 
-    PYTHONPATH=. python benchmarks/speedup_estimate.py [--tokens 128] [--repeats 2]
+    PYTHONPATH=. python benchmarks/speedup_estimate.py [--load none,busy,browser] \
+        [--tokens 128] [--repeats 2] [--prompts 5]
 
-Loads the app's engines as `python app.py` does (the measured weights and tree, the target's
-plain speed measured at warm-up), then answers three prompts (prose, code, a rewrite) through
-`app.Playground` with "compare with baseline" on, `--repeats` times in turn: each answer's
-estimate (made before its baseline ran) against the speedup measured by that baseline, and the
-relative error. Not a test: timings depend on the machine and its load.
+Loads the app's engines as `python app.py` does (the measured weights and tree) and measures
+the target's verify cost at warm-up, on the quiet machine, as the app does. Then, per load of
+`--load`, answers each of the first `--prompts` of `PROMPTS` `--repeats` times in turn with
+"compare" on: the answer's estimate (made from its own verify forwards, before its plain
+decoding ran) against the speedup its plain decoding measured, and the relative error.
+Loads: `none` answers through `app.Playground` in-process; `busy` does the same with one
+`while True: pass` process per core running; `browser` launches the app in-process and asks in
+headless Chromium (Debian's, as the browser tests use) on the same cores, reading both figures
+from the speedup tile (two decimals). Prints a JSON line per answer, then a table per load and
+the mean and largest absolute error. Not a test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import app
 from eagle_engine import ui_render as ui
-from eagle_engine.speed_estimate import measure
 
-PROMPTS = ["Give me three tips for staying productive.",
-           "Write a Python function that checks whether a number is prime.",
+LOADS = ("none", "busy", "browser")
+PROMPTS = ["Write a Python function that checks whether a string is a palindrome, ignoring "
+           "punctuation and case, and explain it briefly.",
+           "Give me three tips for staying productive.",
            "Rewrite this sentence in a formal tone: hey, the meeting got moved to friday, "
-           "so don't forget to bring the slides."]
+           "so don't forget to bring the slides.",
+           "Explain photosynthesis in two sentences.",
+           "List five countries in Europe and their capitals."]
+# the speedup tile with "compare" on: the measured value, the estimate in its label
+TILE = re.compile(r"(\d+\.\d+)×\s*speedup vs baseline \(measured; estimate ≈(\d+\.\d+)×\)")
+
+
+@contextmanager
+def busy_cores() -> Iterator[None]:
+    """One busy-looping process per core while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def in_process(pg: app.Playground, settings: Callable[[str], ui.Settings]
+               ) -> Callable[[str], tuple[int, float, float]]:
+    def ask(prompt: str) -> tuple[int, float, float]:
+        record = list(pg.run([], prompt, settings(prompt)))[-1][app.OUTPUTS.index("run")]
+        return record["stats"]["num_tokens"], record["speedup_estimate"], record["speedup"]
+    return ask
+
+
+@contextmanager
+def in_browser(engines: list[Any], worker: app.EngineThread, costs: dict, tokens: int
+               ) -> Iterator[Callable[[str], tuple[int, float, float]]]:
+    """The app launched in-process, asked in headless Chromium: a fresh page per answer."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.app_speed import ask_in_page
+    from tests.app_fixtures import CHROMIUM_ARGS
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        raise SystemExit("--load browser needs Debian's chromium (apt-get install -y chromium)")
+    demo = app.build_demo(engines, worker, costs=costs)
+    demo.queue(max_size=16, default_concurrency_limit=1)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+
+        def ask(prompt: str) -> tuple[int, float, float]:
+            context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            page.goto(f"{url}?__theme=light", wait_until="load")
+            page.locator("#send").wait_for(timeout=60_000)
+            page.locator("#compare input").set_checked(True)
+            n, _, _ = ask_in_page(page, prompt, tokens)
+            shown = TILE.search(page.locator("#tile-speedup").inner_text().replace("\n", " "))
+            context.close()
+            if shown is None:
+                raise RuntimeError("the speedup tile shows no measured speedup and estimate")
+            return n, float(shown.group(2)), float(shown.group(1))
+        try:
+            yield ask
+        finally:
+            chromium.close()
+            demo.close()
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| load | prompt | tokens | estimate | measured | error |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['load']} | {r['prompt']} | {r['tokens']} | {r['estimate']:.3f} | "
+              f"{r['measured']:.3f} | {100 * r['error']:+.1f}% |" for r in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--load", default="none", help=f"comma-separated loads of {LOADS}")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=len(PROMPTS),
+                   help=f"the first this many prompts (1..{len(PROMPTS)})")
     args = p.parse_args()
+    loads = args.load.split(",")
+    if bad := [x for x in loads if x not in LOADS]:
+        p.error(f"--load: unknown {bad}; choose from {LOADS}")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be in 1..{len(PROMPTS)}, got {args.prompts}")
     worker = app.EngineThread()
     engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
     weights = engines[0].config.weights_label
-    pg = app.Playground(engines, worker, 0.0, {weights: worker.call(measure, engines[0])})
-    head = ui.default_head(pg.heads)
+    head = ui.default_head(engines[0].head_info())
+    costs: dict = {}
+    worker.call(app.fill_cost, engines[0], head.name, costs)  # quiet, as at the app's start
     tree = engines[0].default_tree
-    rows = []
-    for rep in range(args.repeats):
-        for prompt in PROMPTS:
-            settings = ui.Settings(True, head.use_aux, head.num_layers, tree.topk,
-                                   tree.num_steps, tree.num_draft_tokens, 0.0, 1.0, args.tokens,
-                                   0, True, weights, tree.context_drafts)
-            record = list(pg.run([], prompt, settings))[-1][app.OUTPUTS.index("run")]
-            est, measured = record["speedup_estimate"], record["speedup"]
-            rows.append({"repeat": rep, "prompt": prompt[:40], "tokens":
-                         record["stats"]["num_tokens"], "estimate": round(est, 3),
-                         "measured": round(measured, 3),
-                         "error": round(est / measured - 1, 3)})
-            print(json.dumps(rows[-1]), flush=True)
-    errors = [abs(r["error"]) for r in rows]
+
+    def settings(prompt: str) -> ui.Settings:
+        return ui.Settings(True, head.use_aux, head.num_layers, tree.topk, tree.num_steps,
+                           tree.num_draft_tokens, 0.0, 1.0, args.tokens, 0, True, weights,
+                           tree.context_drafts, tree.min_score, tree.context_extra,
+                           tree.step_cut)
+    rows, summary = [], {}
+    for load in loads:
+        pg = app.Playground(engines, worker, app.FRAME_INTERVAL_S, costs)
+        with (busy_cores() if load == "busy" else nullcontext(),
+              in_browser(engines, worker, costs, args.tokens) if load == "browser"
+              else nullcontext(in_process(pg, settings)) as ask):
+            for rep in range(args.repeats):
+                for prompt in PROMPTS[:args.prompts]:
+                    n, est, measured = ask(prompt)
+                    rows.append({"load": load, "repeat": rep, "prompt": prompt[:40],
+                                 "tokens": n, "estimate": est, "measured": measured,
+                                 "error": est / measured - 1})
+                    print(json.dumps(rows[-1]), flush=True)
+        errors = [abs(r["error"]) for r in rows if r["load"] == load]
+        summary[load] = {"mean_abs_error": round(sum(errors) / len(errors), 3),
+                         "max_abs_error": round(max(errors), 3)}
+    print(table(rows))
     print(json.dumps({"weights": weights, "tree": str(tree), "head": head.name,
-                      "mean_abs_error": round(sum(errors) / len(errors), 3),
-                      "max_abs_error": round(max(errors), 3)}))
+                      "tokens": args.tokens, **summary}))
 
 
 if __name__ == "__main__":

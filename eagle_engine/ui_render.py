@@ -1,10 +1,10 @@
 """What the playground draws from the engine's `StepEvent`s: HTML token spans (accepted draft,
 draft from the context, rejected draft, bonus and target tokens), the legend, stat tiles, the
-latest draft tree as SVG (nodes from the context marked), per-phase timings, the per-step plot
-data and the EAGLE-vs-baseline comparison; plus the mapping of the sidebar's values to an
-engine request (which loaded head an (aux, layers) choice means). Pure functions of plain
-data: no Gradio, no tensors. Every piece of model and user text is HTML-escaped here. Not
-here: decoding (`engine.py`) or Gradio wiring (`app.py`)."""
+latest draft tree as SVG (nodes from the context marked), per-phase timings and the per-step plot
+data; plus the mapping of the sidebar's values to an engine request (which loaded head an
+(aux, layers) choice means). Pure functions of plain data: no Gradio, no tensors. Every piece
+of model and user text is HTML-escaped here. Not here: decoding (`engine.py`), the EAGLE-3 vs
+plain comparison and its race (`race.py`) or Gradio wiring (`app.py`)."""
 from __future__ import annotations
 
 import html
@@ -17,7 +17,7 @@ import pandas as pd
 from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
 from .engine import DEFAULT_HEAD
 from .events import StepEvent, TreeNode
-from .speed_estimate import Estimate
+from .speed_estimate import Estimate, Verify, verify_of
 
 KIND_CLASS = {"accepted": "tok-acc", "context": "tok-ctx", "rejected": "tok-rej",
               "bonus": "tok-bonus", "target": "tok-target"}
@@ -100,7 +100,9 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
 
 @dataclass
 class AnswerView:
-    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree."""
+    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree,
+    its verify forwards (`speed_estimate.Verify`) and per event its time and the token elements
+    drawn so far (`race.Lane`)."""
 
     parts: list[str] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
@@ -111,10 +113,17 @@ class AnswerView:
     tree_step: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
     finished: str | None = None
+    verifies: list[Verify] = field(default_factory=list)  # its verify forwards (the estimate)
+    # per event: the engine's seconds on the answer after it, and the token elements (non-empty
+    # parts) drawn so far (the race replays them)
+    marks: list[tuple[float, int]] = field(default_factory=list)
+    elements: int = 0
 
     def _add(self, text: str, kind: str, step: int, depth: int, source: str = "") -> None:
         """Append a span; the answer's kept text so far says whether it is inside code."""
-        self.parts.append(span_html(text, kind, step, depth, in_code_block(self.shown), source))
+        part = span_html(text, kind, step, depth, in_code_block(self.shown), source)
+        self.parts.append(part)
+        self.elements += bool(part)
         self.spans.append({"text": text, "kind": kind, "step": step, "depth": depth,
                            "source": source})
         if kind != "rejected":
@@ -122,6 +131,8 @@ class AnswerView:
 
     def add(self, ev: StepEvent) -> None:
         """Accepted drafts, then the rejected drafts the bonus token replaced, then the bonus."""
+        if (verify := verify_of(ev, self.num_tokens)) is not None:
+            self.verifies.append(verify)
         n_acc = sum(t.kind in DRAFTED for t in ev.tokens)
         has_bonus = any(t.kind == "bonus" for t in ev.tokens)
         for t in ev.tokens:
@@ -139,6 +150,7 @@ class AnswerView:
         if ev.tree:
             self.tree, self.tree_step = ev.tree, ev.step
         self.stats, self.finished = ev.stats, ev.finished
+        self.marks.append((float(ev.stats.get("elapsed_s", 0.0)), self.elements))
 
     def html(self) -> str:
         """The spans only, no wrapper: a growing answer is then an append-only string, which
@@ -163,9 +175,11 @@ def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
 
 def speedup_tile(speedup: float | None, estimate: Estimate | None,
                  stats: dict[str, Any]) -> str:
-    """The measured speedup when the baseline ran, else the estimate, marked as one."""
+    """The measured speedup when the baseline ran (with the estimate beside it), else the
+    estimate, marked as one."""
     if speedup:
-        return _tile("tile-speedup", f"{speedup:.2f}×", "speedup vs baseline (measured)",
+        shown = f"; estimate ≈{estimate.speedup:.2f}×" if estimate else ""
+        return _tile("tile-speedup", f"{speedup:.2f}×", f"speedup vs baseline (measured{shown})",
                      ("the baseline's time for these tokens ÷ this answer's engine time, both "
                       "measured on this prompt; both count this answer's prefill (the baseline "
                       "ran second, with the prompt already cached)"))
@@ -174,8 +188,9 @@ def speedup_tile(speedup: float | None, estimate: Estimate | None,
         return _tile("tile-speedup", f"≈{estimate.speedup:.2f}×",
                      'speedup vs plain <span class="est-badge">estimate</span>', hint)
     return _tile("tile-speedup", "—", "speedup vs baseline",
-                 "shown for EAGLE-3 answers: estimated from the target's plain-decoding speed, "
-                 "or measured with 'compare with baseline'")
+                 "shown for EAGLE-3 answers: estimated from this answer's verify forwards (none "
+                 "when another visitor's request shared its steps), or measured with 'compare "
+                 "with baseline'")
 
 
 def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
@@ -294,37 +309,6 @@ def tokens_text(n: int) -> str:
     return f"{n} token{'s' * (n != 1)}"
 
 
-def compare_html(spec: AnswerView, base: AnswerView, greedy: bool, done: bool,
-                 stopped: bool = False) -> str:
-    """EAGLE and baseline answers side by side, with speeds and the greedy-identity verdict
-    (`stopped`: Stop ended the baseline early, so only its start can be compared)."""
-    def column(title: str, view: AnswerView, col_id: str) -> str:
-        s = view.stats
-        meta = (f"{tokens_text(view.num_tokens)} · {s.get('tokens_per_s', 0.0):.1f} tok/s · "
-                f"{s.get('elapsed_s', 0.0):.2f} s")
-        return (f'<div class="compare-col" id="{col_id}"><div class="compare-title">{title}</div>'
-                f'<div class="compare-meta">{meta}</div><div class="spec-answer">{view.html()}'
-                '</div></div>')
-
-    if not done:
-        verdict = "Baseline running…"
-    elif not greedy:
-        verdict = ("Sampling (temperature > 0): the texts may differ; both follow the target's "
-                   "distribution.")
-    elif stopped and spec.text.startswith(base.text):
-        verdict = (f"Baseline stopped after {tokens_text(base.num_tokens)}; greedy, its text so "
-                   "far is the answer's start.")
-    elif (diff := first_difference(spec.text, base.text)) is None:
-        verdict = "✓ Greedy texts are identical (speculation is lossless)."
-    else:
-        verdict = (f"✗ Greedy texts differ from character {diff}. In bf16/fp16, verifying "
-                   "several tokens at once rounds differently from one-token decoding, so "
-                   "near-tied tokens can flip; in fp32 the texts match.")
-    return (f'<div class="compare"><div class="compare-verdict">{html.escape(verdict)}</div>'
-            f'<div class="compare-cols">{column("EAGLE-3", spec, "compare-eagle")}'
-            f'{column("Baseline (target only)", base, "compare-base")}</div></div>')
-
-
 @dataclass(frozen=True)
 class Settings:
     """The sidebar values, in the order of the event inputs after the prompt and the history."""
@@ -372,14 +356,17 @@ SETTING_NAMES = [f.name for f in fields(Settings)]
 
 def run_record(view: AnswerView, head: str | None, speedup: float | None,
                base: AnswerView | None, greedy: bool, weights: str,
-               estimate: Estimate | None = None) -> dict[str, Any]:
-    """The JSON summary of a finished answer (and its baseline run, when compared)."""
+               estimate: Estimate | None = None,
+               race: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON summary of a finished answer (and its baseline run and their race's recorded
+    timings, `race.race_data`, when compared)."""
     return {"head": head, "weights": weights, "text": view.text, "spans": view.spans,
             "stats": view.stats,
             "finished": view.finished, "speedup": speedup,
             "speedup_estimate": estimate and estimate.speedup,
             "baseline": base and {"text": base.text, "stats": base.stats},
-            "greedy_identical": base.text == view.text if base and greedy else None}
+            "greedy_identical": base.text == view.text if base and greedy else None,
+            "race": race}
 
 
 def pick_head(heads: Iterable[HeadLike], aux: bool, layers: int) -> str | None:

@@ -156,9 +156,11 @@ class PageProbe:
 
 
 def open_page(browser: Any, url: str, width: int = 1400, height: int = 1000,
-              permissions: Sequence[str] = ()) -> PageProbe:
+              permissions: Sequence[str] = (), reduced_motion: str = "reduce") -> PageProbe:
+    """A fresh page on `url`; `reduced_motion` "no-preference" lets the race play by itself
+    when it arrives (with "reduce" it waits for its Replay button)."""
     ctx = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1,
-                              reduced_motion="reduce", color_scheme="light",
+                              reduced_motion=reduced_motion, color_scheme="light",
                               permissions=list(permissions))
     page = ctx.new_page()
     probe = PageProbe(page, [], [])

@@ -3,7 +3,7 @@
 Over a tiny q4 engine: visitors answered together get the answers they get one at a time, each
 with its own tokens and tree, the status line says how many requests shared the steps, a
 stopped visitor's request leaves the batch, and the chat handlers' concurrency is the batch.
-A plain-speed rate measured after start-up keeps the answers observed meanwhile.
+A verify cost measured after start-up joins the costs the playground holds.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import app
 from eagle_engine import ui_render as ui
 from eagle_engine.engine import EagleEngine
-from eagle_engine.speed_estimate import PlainRate
+from eagle_engine.speed_estimate import CostTable, VerifyCost
 from tests.helpers import tiny_engine
 
 QUESTIONS = ["abc", "hello there", "what is up", "tell me a story"]
@@ -82,34 +82,33 @@ def test_chat_concurrency_is_the_batch(engine: EagleEngine) -> None:
     assert limits == {"chat": 4, "regenerate": 4}
 
 
-def test_a_rate_measured_after_start_keeps_the_answers_seen_meanwhile(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second weights' plain speed is measured on the engine thread once the UI is up
-    (`app.fill_rate`): its observations join the rate in one assignment, and a plain answer
-    observed before it ends keeps its context bucket."""
-    measured = PlainRate()
-    for prompt_len in (10, 480):
-        measured.observe(prompt_len, {"num_tokens": 33, "elapsed_s": 0.5, "prefill_s": 0.1})
-    monkeypatch.setattr(app, "measure", lambda engine: measured)
-    rate = PlainRate()
-    rate.observe(12, {"num_tokens": 5, "elapsed_s": 0.3, "prefill_s": 0.1})  # a visitor's
-    seen = dict(rate.points)
-    app.fill_rate(None, rate)
-    assert set(rate.points) == set(measured.points) and len(rate.points) == 2
-    bucket = next(iter(seen))
-    assert rate.points[bucket] == seen[bucket] != measured.points[bucket]
-    other = next(b for b in measured.points if b != bucket)
-    assert rate.points[other] == measured.points[other]
+def stub_engine(weights: str) -> object:
+    return type("E", (), {"config": type("C", (), {"weights_label": weights})()})()
 
 
-def test_a_failed_rate_measurement_is_logged_and_leaves_the_rate_empty(
+def test_a_cost_measured_after_start_joins_the_playgrounds_costs(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second weights' verify cost is measured on the engine thread once the UI is up
+    (`app.fill_cost`): it lands, under its weights, in the dict the Playground holds (not a
+    copy), so that target's next answer has an estimate."""
+    measured = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
+    monkeypatch.setattr(app, "measure", lambda engine, head: measured)
+    costs: dict = {}
+    pg = app.Playground([engine], app.EngineThread(), 0.0, costs)
+    s = settings(engine, True)
+    assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] is None
+    app.fill_cost(engine, "head", costs)
+    assert pg.costs == {engine.config.weights_label: measured}
+    assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] > 0
+
+
+def test_a_failed_cost_measurement_is_logged_and_leaves_no_cost(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A background measurement that fails says so in the log instead of vanishing in its
-    Future; the rate stays empty until the first plain answer."""
-    def broken(engine: object) -> PlainRate:
+    Future; that target's answers then show no estimate."""
+    def broken(engine: object, head: str | None) -> VerifyCost:
         raise RuntimeError("injected")
     monkeypatch.setattr(app, "measure", broken)
-    engine = type("E", (), {"config": type("C", (), {"weights_label": "fp32"})()})()
-    rate = PlainRate()
-    app.fill_rate(engine, rate)
-    assert rate.points == {} and "fp32 weights' plain speed failed" in caplog.text
+    costs: dict = {}
+    app.fill_cost(stub_engine("fp32"), "head", costs)
+    assert costs == {} and "fp32 weights' verify cost failed" in caplog.text

@@ -37,7 +37,8 @@ SMOKE = {  # script -> (arguments, text its output must contain)
     "soak.py": (["--answers", "4", "--visitors", "2", "--prompts", "2", "--max-new-tokens", "4",
                  "--sample-s", "1", "--max-seconds", "600", "--out", "{tmp}/soak.json"],
                 "peak_rss_mb"),
-    "speedup_estimate.py": (["--tokens", "8", "--repeats", "1"], "mean_abs_error"),
+    "speedup_estimate.py": (["--tokens", "8", "--repeats", "1", "--prompts", "1"],
+                            "mean_abs_error"),
     "checkouts.py": (["--before", ".", "--after", ".", "--prompts", MTBENCH, "--rounds", "1",
                       "--max-new-tokens", "4"], "after / before"),
 }

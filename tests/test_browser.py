@@ -5,12 +5,16 @@ legend's styles, the sidebar controls show their effect, the step plot counts wh
 freezes the answer without an error badge and the page keeps working (Enter sends, Shift+Enter
 breaks the line), the next message can be typed while an answer streams, Clear during an answer
 leaves an empty page, bad input gives a toast, two tabs keep their own chats, copying an answer
-copies its text, another target without heads answers alone. The token pane is compared with
+copies its text, another target without heads answers alone, the race of an answer and its
+plain decoding replays with the shorter recorded run first. The token pane is compared with
 assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
-code (UPDATE_SCREENSHOTS=1 rewrites the token pane reference and the README shot).
+code, then the Race button measures it (UPDATE_SCREENSHOTS=1 rewrites the token pane reference
+and the README's shots: app_answer.png, race.png, sidebar.png). The race over fixed timings and
+the sidebar's order: tests/test_browser_race.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -250,8 +254,25 @@ def test_answer_streams_with_three_token_kinds(probe: PageProbe, app_server: App
     expect()(page.locator("#timing")).to_contain_text("verify")
     ex = expect()
     ex(page.locator("#tile-speedup .tile-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
-    ex(page.locator("#tile-speedup")).to_contain_text("(measured)")
+    ex(page.locator("#tile-speedup")).to_contain_text("(measured; estimate ≈")
+    # the race of the two real runs: Replay plays it (this page asks for reduced motion, so
+    # it arrived finished); the pane with the shorter recorded time finishes first
+    race = page.locator("#compare-out .race")
+    race.locator(".race-play").click()
+    ex(race).to_have_class("compare race finished", timeout=DONE_TIMEOUT_MS)
+    data = json.loads(race.get_attribute("data-race"))
+    ends = {name: lane["t"][-1] + lane["offset"] for name, lane in data.items()}
+    assert race.get_attribute("data-order") == ",".join(sorted(ends, key=ends.get))
+    texts = [race.locator(f"#compare-{lane} .spec-answer").evaluate(VISIBLE_TEXT_JS)
+             for lane in ("eagle", "base")]
+    if "identical" in verdict.inner_text():
+        assert texts[0] == texts[1]
     assert probe.external_requests == [] and probe.console_errors == []
+
+
+# an answer's text as read: rejected drafts left out
+VISIBLE_TEXT_JS = """(e) => { const c = e.cloneNode(true);
+  c.querySelectorAll('.tok-rej').forEach((t) => t.remove()); return c.textContent; }"""
 
 
 # The chat's label must not lie over the answer's first line (it did, as an overlay).
@@ -269,18 +290,13 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
     """A code question with "compare" off, as a visitor leaves it: the speedup tile shows an
     estimate, marked as one, whose tooltip says how it was computed; code tokens are
     monospace and rejected drafts inside the code are small markers holding their text in a
-    tooltip; nothing covers the answer's first line. The README screenshot is this page.
-    The question runs once without speculation first: a plain run refreshes the plain speed the
-    estimate divides by, here under the same load of the browser drawing frames on these cores
-    (the speed measured at start-up, on a quiet machine, made the estimate read low)."""
+    tooltip; nothing covers the answer's first line. Then the Race button runs plain decoding
+    of the same prompt: the tile shows the measured speedup with the estimate beside it, and
+    the race panel holds both answers. The README's screenshots are this page (the answer with
+    its tiles, the race panel, the sidebar)."""
     page, ex = probe.page, expect()
-    question = "Write a Python function that checks whether a number is prime."
-    page.locator("#spec input").uncheck()
-    ask(page, question, 160)
-    wait_done(page)
-    page.locator("#spec input").check()
-    page.click("#clear")
-    ex(page.locator("#status")).to_have_text("Cleared.")
+    question = ("Write a Python function that checks whether a string is a palindrome, ignoring "
+                "punctuation and case, and explain it briefly.")
     ask(page, question, 160)
     wait_done(page)
     answer = last_answer(page)
@@ -301,12 +317,24 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
     assert "Estimated, not measured" in (tile.get_attribute("title") or "")
     page.locator("#chat [data-testid='bot']").first.scroll_into_view_if_needed()
     assert page.evaluate(LABEL_OVER_FIRST_LINE_JS) == 0
+    estimated = tile.locator(".tile-value").inner_text()
+    page.click("#race-btn")
+    ex(page.locator("#status")).to_contain_text("Race ready", timeout=DONE_TIMEOUT_MS)
+    ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
+    ex(tile).to_contain_text(f"(measured; estimate {estimated})")
+    race = page.locator("#compare-out .race")
+    ex(race.locator(".race-result")).to_contain_text("finished")
+    page.locator("#tiles").scroll_into_view_if_needed()
+    page.locator("#sidebar").evaluate(  # from its top: setting max new tokens scrolled it
+        "(e) => [e, ...e.querySelectorAll('*')].forEach((n) => { n.scrollTop = 0; })")
     page.mouse.move(0, 0)
+    shots = {"app_answer.png": page, "race.png": page.locator("#compare-out"),
+             "sidebar.png": page.locator("#sidebar")}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "app_answer.png"), animations="disabled", caret="hide")
-    if UPDATE:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "app_answer.png"), animations="disabled", caret="hide")
+    for name, target in shots.items():  # the page first: an element's shot scrolls to it
+        target.screenshot(path=str(ARTIFACTS / name), animations="disabled", caret="hide")
+        if UPDATE:
+            (SHOTS / name).write_bytes((ARTIFACTS / name).read_bytes())
     assert probe.external_requests == [] and probe.console_errors == []
 
 
@@ -383,6 +411,7 @@ def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None
     measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", status.inner_text())
     assert measured is not None
     tokens = page.locator("#draft-tokens input[type=number]")
+    page.locator("#advanced-tree").get_by_text("Advanced tree").click()  # closed at first
     cut = page.locator("#min-score input[type=number]")
     ex(tokens).to_have_value(measured.group(3))
     ex(page.locator("#topk input[type=number]")).to_have_value(measured.group(1))
