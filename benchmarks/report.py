@@ -107,6 +107,16 @@ def host_time_table(report: dict) -> list[str]:
     return lines
 
 
+def estimate_table(report: dict) -> list[str]:
+    lines = ["| load | prompt | tokens | estimate | measured | error |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['load']} | {r['prompt']} | {r['tokens']} | {r['estimate']:.2f}x | "
+              f"{r['measured']:.2f}x | {100 * r['error']:+.1f}% |" for r in report["rows"]]
+    lines += ["", "| load | mean error | largest error |", "|---|---|---|"]
+    lines += [f"| {load} | {100 * s['mean_abs_error']:.1f}% | {100 * s['max_abs_error']:.1f}% |"
+              for load, s in report["summary"].items()]
+    return lines
+
+
 def describe(report: dict) -> str:
     kind = report["kind"]
     if kind == "peers":
@@ -123,6 +133,11 @@ def describe(report: dict) -> str:
         return (f"a tiny random target and head on one CPU thread, {report['tokens']} tokens, "
                 f"EAGLE-3 tree {report['tree']}: the host's time per iteration, on the graph "
                 "path with free replays (a GPU's host work) and on the eager path")
+    if kind == "speedup_estimate":
+        return (f"the app's speedup estimate against the speedup its race measured, "
+                f"{report['weights']} weights, tree {report['tree']}, {report['tokens']} tokens, "
+                "greedy; loads: none, a busy process per core (busy), headless Chromium on the "
+                "page (browser)")
     s = report["sampling"]
     sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}"
     return (f"{report['rows']} MT-bench questions, both turns, {report['max_new_tokens']} tokens, "
@@ -134,6 +149,7 @@ KINDS = {  # kind (or its first word) -> title, table; in this order
     "bench": ("EAGLE-3 against our own plain decoding", bench_table),
     "soak": ("Memory through many visitors", soak_table),
     "host_time": ("The host's time per iteration", host_time_table),
+    "speedup_estimate": ("The speedup estimate against the measured speedup", estimate_table),
 }
 
 

@@ -2,7 +2,7 @@
 on a quiet machine and under load?
 
     PYTHONPATH=. python benchmarks/speedup_estimate.py [--load none,busy,browser] \
-        [--tokens 128] [--repeats 2] [--prompts 5]
+        [--tokens 128] [--repeats 2] [--prompts 5] [--json docs/figures]
 
 Loads the app's engines as `python app.py` does (the measured weights and tree) and measures
 the target's verify cost at warm-up, on the quiet machine, as the app does. Then, per load of
@@ -26,10 +26,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import app
 from eagle_engine import ui_render as ui
+from eagle_engine.bench import provenance, write_report
 
 LOADS = ("none", "busy", "browser")
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome, ignoring "
@@ -116,6 +118,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--prompts", type=int, default=len(PROMPTS),
                    help=f"the first this many prompts (1..{len(PROMPTS)})")
+    p.add_argument("--json", type=Path, default=None, help="a file, or a folder for "
+                   "speedup-estimate-{class}.json (rendered by benchmarks/report.py)")
     args = p.parse_args()
     loads = args.load.split(",")
     if bad := [x for x in loads if x not in LOADS]:
@@ -152,8 +156,12 @@ def main() -> None:
         summary[load] = {"mean_abs_error": round(sum(errors) / len(errors), 3),
                          "max_abs_error": round(max(errors), 3)}
     print(table(rows))
-    print(json.dumps({"weights": weights, "tree": str(tree), "head": head.name,
-                      "tokens": args.tokens, **summary}))
+    report = {"kind": "speedup_estimate", "weights": weights, "tree": tree.spec(),
+              "head": head.name, "tokens": args.tokens, "summary": summary, "rows": rows,
+              "provenance": provenance()}
+    print(json.dumps({k: v for k, v in report.items() if k != "rows"}))
+    if args.json:
+        print(f"wrote {write_report(args.json, report)}")
 
 
 if __name__ == "__main__":
