@@ -5,14 +5,14 @@
         --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64] [--weights q4]
 
 Starts one worker process per checkout (each imports its own `eagle_engine`, loads the bundled
-target in `--weights` with the default head and warms up), then hands them the same workloads in turn,
-`--rounds` times, the order of the two flipped every round, so that a slow spell of the
-machine falls on both alike: EAGLE-3 and plain decoding of 8 first turns as 8 visitors with
-`max_batch` 4 (one scheduler), and of 3 first turns one at a time (`generate`). Greedy, EOS
-ignored. Prints tokens/s per checkout, the ratio after / before, and how many answers the two
-checkouts gave token for token alike. The workers use only the
-engine's public calls (`EagleEngine.load`, `encode`, `generate`, `Scheduler`), so older
-checkouts run too. Not a test: timings depend on the machine and its load.
+target in `--weights` with the default head and warms up), then hands them the same workloads
+in turn, `--rounds` times, the order of the two flipped every round, so that a slow spell of
+the machine falls on both alike: EAGLE-3 and plain decoding of 8 first turns as 8 visitors
+with `max_batch` 4 (one scheduler), and of 3 first turns one at a time (`generate`). Greedy,
+EOS ignored. Prints tokens/s per checkout, the ratio after / before, and how many answers the
+two checkouts gave token for token alike. The workers use only the engine's public calls
+(`EagleEngine.load`, `encode`, `generate`, `Scheduler`), so older checkouts run too. Not a
+test: timings depend on the machine and its load.
 """
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.scheduler import Scheduler
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][:8]
-engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights="q4" if sys.argv[3] == "q4" else "dense",
-                                       dtype="fp32" if sys.argv[3] == "q4" else sys.argv[3]))
+dense = sys.argv[3] != "q4"
+engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights="dense" if dense else "q4",
+                                       dtype=sys.argv[3] if dense else "fp32"))
 prompts = [engine.encode(r["turns"][0]) for r in rows]
 params = SamplingParams(max_new_tokens=int(sys.argv[2]), ignore_eos=True)
 

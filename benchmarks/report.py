@@ -108,7 +108,8 @@ def host_time_table(report: dict) -> list[str]:
 
 
 def estimate_table(report: dict) -> list[str]:
-    lines = ["| load | prompt | tokens | estimate | measured | error |", "|---|---|---|---|---|---|"]
+    lines = ["| load | prompt | tokens | estimate | measured | error |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['load']} | {r['prompt']} | {r['tokens']} | {r['estimate']:.2f}x | "
               f"{r['measured']:.2f}x | {100 * r['error']:+.1f}% |" for r in report["rows"]]
     lines += ["", "| load | mean error | largest error |", "|---|---|---|"]

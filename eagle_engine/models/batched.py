@@ -52,7 +52,7 @@ def _last_rows(h: torch.Tensor, lens: list[int]) -> torch.Tensor:
 def target_forward(target: TargetModel, seqs: list[SeqRows], aux_layer_ids: tuple[int, ...],
                    last_only: bool = False) -> list[TargetOutput]:
     """Each sequence's `TargetModel.forward` output ([1, T, ...] tensors; logits [1, 1, V] with
-    `last_only`), computed together when the target's layers are fused."""
+    `last_only`), computed together: the fused C++ layers, or the dense layers' `forward_many`."""
     lens, starts = _lens(seqs), [s.start for s in seqs]
     h = target.embed_tokens(torch.cat([s.ids for s in seqs]))  # [R, H]
     rope = target.rope.table(torch.cat([s.positions for s in seqs])[None], h.dtype)
@@ -79,7 +79,7 @@ def target_forward(target: TargetModel, seqs: list[SeqRows], aux_layer_ids: tupl
 def draft_forward(model: Eagle3Draft, seqs: list[SeqRows], from_target: bool,
                   last_only: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each sequence's `Eagle3Draft.forward` output (logits [1, T|1, Vd], hidden [1, T, Hd]),
-    computed together when the head's layers are fused."""
+    computed together: the fused C++ layers, or the dense layers' `forward_many`."""
     lens, starts = _lens(seqs), [s.start for s in seqs]
     hidden = torch.cat([s.hidden for s in seqs])  # [R, W]
     h = model.project(hidden) if from_target else hidden  # [R, Hd]
