@@ -574,15 +574,22 @@ def test_token_pane_matches_reference(probe: PageProbe, fixed_events: list[Any])
         view.add(ev)
     answer = last_answer(page)
     answer.locator(".md").first.evaluate("(e, html) => { e.innerHTML = html; }", view.html())
+    matches_reference(page, answer, "token_pane")
+
+
+def matches_reference(page: Any, target: Any, name: str) -> None:
+    """`target` (a locator) screenshotted against `assets/screenshots/{name}_ref.png`: at most
+    `MAX_CHANGED_FRACTION` of its pixels may differ (UPDATE_SCREENSHOTS=1 rewrites the
+    reference; a missing one is written and the test fails until it is reviewed)."""
     page.mouse.move(0, 0)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    actual, reference = ARTIFACTS / "token_pane.png", SHOTS / "token_pane_ref.png"
-    answer.screenshot(path=str(actual), animations="disabled", caret="hide")
+    actual, reference = ARTIFACTS / f"{name}.png", SHOTS / f"{name}_ref.png"
+    target.screenshot(path=str(actual), animations="disabled", caret="hide")
     if UPDATE or not reference.exists():
         SHOTS.mkdir(parents=True, exist_ok=True)
         reference.write_bytes(actual.read_bytes())
         if not UPDATE:
             pytest.fail(f"no reference screenshot yet; wrote {reference}: review and commit it")
-    fraction = changed_fraction(actual, reference, ARTIFACTS / "token_pane_diff.png")
+    fraction = changed_fraction(actual, reference, ARTIFACTS / f"{name}_diff.png")
     assert fraction <= MAX_CHANGED_FRACTION, (
         f"{100 * fraction:.2f}% of pixels differ from {reference}; see {ARTIFACTS}")

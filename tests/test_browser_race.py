@@ -8,9 +8,7 @@ assets/screenshots/race_ref.png (UPDATE_SCREENSHOTS=1 rewrites it).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +17,6 @@ from eagle_engine.config import EngineConfig
 from eagle_engine.events import StepEvent, TokenSpan
 
 pytest_plugins = ["tests.app_fixtures"]
-REPO = Path(__file__).resolve().parent.parent
-SHOTS = REPO / "assets" / "screenshots"
-ARTIFACTS = REPO / "tests" / "artifacts"
-UPDATE = os.environ.get("UPDATE_SCREENSHOTS") == "1"
 PLAIN_TOKENS = ["def", " f", "(x)", ":", "\n   ", " return", " x"]
 # every class change of the race and its visible EAGLE-3 tokens, as the page drew them
 RECORD_JS = """() => {
@@ -161,25 +155,8 @@ def test_the_race_plays_from_the_recorded_times(race_page: tuple[Any, RaceEngine
     assert race.get_attribute("data-order") == ",".join(sorted(ends, key=ends.get))
     assert probe.external_requests == [] and probe.console_errors == []
     if first == "eagle":
-        match_reference(page)
-
-
-def match_reference(page: Any) -> None:
-    from tests.test_browser import MAX_CHANGED_FRACTION, changed_fraction
-
-    page.mouse.move(0, 0)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    actual, reference = ARTIFACTS / "race.png", SHOTS / "race_ref.png"
-    page.locator("#compare-out").screenshot(path=str(actual), animations="disabled",
-                                            caret="hide")
-    if UPDATE or not reference.exists():
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        reference.write_bytes(actual.read_bytes())
-        if not UPDATE:
-            pytest.fail(f"no reference screenshot yet; wrote {reference}: review and commit it")
-    fraction = changed_fraction(actual, reference, ARTIFACTS / "race_diff.png")
-    assert fraction <= MAX_CHANGED_FRACTION, (
-        f"{100 * fraction:.2f}% of pixels differ from {reference}; see {ARTIFACTS}")
+        from tests.test_browser import matches_reference
+        matches_reference(page, page.locator("#compare-out"), "race")
 
 
 SIDEBAR_ORDER = ["spec", "aux", "layers", "head-note", "topk", "num-steps", "draft-tokens",
