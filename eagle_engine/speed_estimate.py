@@ -199,8 +199,9 @@ def warmup_tree(rows: int) -> TreeParams:
     """A tree that verifies `rows` rows every iteration: the full budget (no cut, no drafts
     from the context); 1 row is the root alone (no draft reaches a 0.99 path probability)."""
     if rows == 1:
-        return TreeParams(8, 2, 2, False, 0.99)
-    return TreeParams(8, 2, rows, False)
+        return TreeParams(topk=8, num_steps=2, num_draft_tokens=2, context_drafts=False,
+                          min_score=0.99)
+    return TreeParams(topk=8, num_steps=2, num_draft_tokens=rows, context_drafts=False)
 
 
 def measure(engine: Any, head: str | None, tokens: int = WARMUP_TOKENS) -> VerifyCost | None:
