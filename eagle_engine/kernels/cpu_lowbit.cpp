@@ -123,6 +123,7 @@ struct Packed {
   const uint8_t* codes;
   const uint16_t* scales;  // float16 bits
   int64_t B;
+  bool streamed;  // read once a forward (the target's): prefetched past the outer caches
   static constexpr int64_t kBytes = kQ4 ? 128 : 256, kScales = kQ4 ? 16 : 8;
 };
 
@@ -180,6 +181,26 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 }
 #endif
 
+// dot4 against 4 activation bytes at p, broadcast to every lane. With VNNI the broadcast is
+// the instruction's own memory operand (EVEX embedded broadcast, {1to8}): one instruction a
+// row instead of a broadcast and a product. On the AVX-512 EPYC the 8- and 16-row products
+// of a decoder layer and the lm_head ran 9-22% faster (in cache,
+// `benchmarks/lowbit_kernels.py`); -DLOWBIT_EMBEDDED_BROADCAST=0 builds without.
+#ifndef LOWBIT_EMBEDDED_BROADCAST
+#define LOWBIT_EMBEDDED_BROADCAST 1
+#endif
+LOWBIT_INLINE __m256i dot4_at(__m256i acc, __m256i u, const int8_t* p) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  if constexpr (LOWBIT_EMBEDDED_BROADCAST) {
+    asm("vpdpbusd %2%{1to8%}, %1, %0"
+        : "+v"(acc)
+        : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
+  }
+#endif
+  return dot4(acc, u, broadcast4(p));
+}
+
 // The weights a product reads a block at a time stream from memory (a one-token step reads
 // every layer once), and the hardware's prefetchers stop at each 4 KB page: without a hint
 // the multiplies wait on memory and the rows of a tree verify add their compute to the wait.
@@ -193,16 +214,26 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #endif
 constexpr int64_t kPrefetch = LOWBIT_PREFETCH_BYTES;
 
-template <bool kQ4>
-LOWBIT_INLINE void prefetch(const uint8_t* codes, const uint16_t* scales) {
+#ifndef LOWBIT_STREAM_HINT
+#define LOWBIT_STREAM_HINT _MM_HINT_NTA
+#endif
+template <bool kQ4, int kHint>
+LOWBIT_INLINE void prefetch_hint(const uint8_t* codes, const uint16_t* scales) {
   if constexpr (kPrefetch > 0) {
     const char* c = reinterpret_cast<const char*>(codes) + kPrefetch;
 #pragma GCC unroll 4
     for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64)
-      _mm_prefetch(c + line, _MM_HINT_T0);
+      _mm_prefetch(c + line, static_cast<_mm_hint>(kHint));
     _mm_prefetch(reinterpret_cast<const char*>(scales) +
-                     kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2, _MM_HINT_T0);
+                     kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2,
+                 static_cast<_mm_hint>(kHint));
   }
+}
+
+template <bool kQ4>
+LOWBIT_INLINE void prefetch(const Packed<kQ4>& w, const uint8_t* codes, const uint16_t* scales) {
+  if (w.streamed) prefetch_hint<kQ4, LOWBIT_STREAM_HINT>(codes, scales);
+  else prefetch_hint<kQ4, _MM_HINT_T0>(codes, scales);
 }
 
 // R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
@@ -216,7 +247,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
   for (int64_t b = 0; b < w.B; ++b) {
     const uint8_t* wc = w.codes + (g * w.B + b) * Packed<kQ4>::kBytes;
     const uint16_t* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
-    prefetch<kQ4>(wc, ws);
+    prefetch<kQ4>(w, wc, ws);
     const int8_t* xb[R];
     __m256i sum[R], sum_hi[R];  // sum_hi: VNNI's high-nibble sums (AVX2 adds all into sum)
 #pragma GCC unroll 8
@@ -233,8 +264,8 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           if constexpr (kVnni) {
-            sum[r] = dot4(sum[r], lo, broadcast4(xb[r] + 8 * p));
-            sum_hi[r] = dot4(sum_hi[r], hi, broadcast4(xb[r] + 8 * p + 4));
+            sum[r] = dot4_at(sum[r], lo, xb[r] + 8 * p);
+            sum_hi[r] = dot4_at(sum_hi[r], hi, xb[r] + 8 * p + 4);
           } else {
             sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(lo, broadcast4(xb[r] + 8 * p)));
             sum[r] = in_order(_mm256_add_epi16(
@@ -261,7 +292,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
         const __m256i u = _mm256_xor_si256(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + 32 * s)), flip);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) sum[r] = dot4(sum[r], u, broadcast4(xb[r] + 4 * s));
+        for (int r = 0; r < R; ++r) sum[r] = dot4_at(sum[r], u, xb[r] + 4 * s);
       }
       const __m256 dw = load8_half(ws);
 #pragma GCC unroll 8
@@ -347,12 +378,15 @@ const uint16_t* half_bits(const at::Tensor& scales) {
   return reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
 }
 
-Packed<true> q4_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
-  return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup};
+Packed<true> q4_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K,
+                       bool streamed) {
+  return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup, streamed};
 }
 
-Packed<false> q8_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
-  return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales), K / kGroup};
+Packed<false> q8_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K,
+                        bool streamed) {
+  return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales),
+          K / kGroup, streamed};
 }
 
 template <bool kQ4>
@@ -363,13 +397,13 @@ at::Tensor product(const Packed<kQ4>& w, const at::Tensor& x, int64_t N) {
 }
 
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& codes,
-                        const at::Tensor& scales, int64_t N) {
-  return product(q4_weight(codes, scales, x.size(1)), x, N);
+                        const at::Tensor& scales, int64_t N, bool streamed) {
+  return product(q4_weight(codes, scales, x.size(1), streamed), x, N);
 }
 
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes,
-                        const at::Tensor& scales, int64_t N) {
-  return product(q8_weight(codes, scales, x.size(1)), x, N);
+                        const at::Tensor& scales, int64_t N, bool streamed) {
+  return product(q8_weight(codes, scales, x.size(1), streamed), x, N);
 }
 
 // Lane k of the result = the sum of a[k]'s 8 lanes, each with the tree
@@ -397,30 +431,48 @@ struct Dims {
   int64_t T, heads, kv_heads, hd, inter, S, max_len;
 };
 
+// The row-wise steps of a layer (its norms, RoPE, SiLU) split their rows over the threads where
+// there are several (a tree verify, a prefill); one row runs here without waking the threads.
+// A row's numbers are the same on any thread. Run on the main thread alone, these steps left
+// the other thread waiting on them about a fifth of an 8-row verify (`perf` on the AVX-512
+// EPYC); -DLOWBIT_PARALLEL_ROWS=0 builds without.
+#ifndef LOWBIT_PARALLEL_ROWS
+#define LOWBIT_PARALLEL_ROWS 1
+#endif
+template <class F>
+void for_rows(int64_t T, const F& rows) {  // rows(t0, t1) over [0, T)
+  if (LOWBIT_PARALLEL_ROWS && T > 1) at::parallel_for(0, T, 1, rows);
+  else rows(0, T);
+}
+
 void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t H, float eps) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xr = x + t * H;
-    double ss = 0;
-    for (int64_t i = 0; i < H; ++i) ss += double(xr[i]) * xr[i];
-    const float inv = 1.f / std::sqrt(float(ss / H) + eps);
-    for (int64_t i = 0; i < H; ++i) out[t * H + i] = xr[i] * inv * w[i];
-  }
+  for_rows(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = x + t * H;
+      double ss = 0;
+      for (int64_t i = 0; i < H; ++i) ss += double(xr[i]) * xr[i];
+      const float inv = 1.f / std::sqrt(float(ss / H) + eps);
+      for (int64_t i = 0; i < H; ++i) out[t * H + i] = xr[i] * inv * w[i];
+    }
+  });
 }
 
 void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t stride,
           int64_t heads, int64_t hd) {
   const int64_t half = hd / 2;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + t * stride + h * hd;
-      const float* c = cos + t * hd;
-      const float* s = sin + t * hd;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * s[i];
-        v[i + half] = b * c[i + half] + a * s[i + half];
+  for_rows(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + t * stride + h * hd;
+        const float* c = cos + t * hd;
+        const float* s = sin + t * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i + half] + a * s[i + half];
+        }
       }
-    }
+  });
 }
 
 // One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
@@ -743,13 +795,17 @@ void add_into(float* h, const float* x, int64_t n) {  // h += x (the bits of ATe
 }
 
 void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < I; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gu + t * 2 * I + i), u = _mm256_loadu_ps(gu + t * 2 * I + I + i);
-      const __m256 e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), g));
-      const __m256 sig = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
-      _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
-    }
+  for_rows(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < I; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gu + t * 2 * I + i);
+        const __m256 u = _mm256_loadu_ps(gu + t * 2 * I + I + i);
+        const __m256 e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 sig =
+            _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+      }
+  });
 }
 
 void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
@@ -770,16 +826,18 @@ void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale
 
 }  // namespace
 
-at::Tensor q4_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
+at::Tensor q4_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N,
+                     bool streamed) {
   check(x, codes, scales, N, 128, 16);
   TORCH_CHECK(codes.scalar_type() == at::kByte, "q4 codes must be uint8");
-  return q4_matmul(x, codes, scales, N);
+  return q4_matmul(x, codes, scales, N, streamed);
 }
 
-at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
+at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N,
+                     bool streamed) {
   check(x, codes, scales, N, 256, 8);
   TORCH_CHECK(codes.scalar_type() == at::kChar, "q8 codes must be int8");
-  return q8_matmul(x, codes, scales, N);
+  return q8_matmul(x, codes, scales, N, streamed);
 }
 
 // A layer stack over the rows of one or more sequences (see `attention` above): the target's
@@ -854,11 +912,12 @@ std::vector<at::Tensor> fused_decoder(at::Tensor h, at::Tensor embeds, at::Tenso
   // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups.
   // Every product writes into a buffer allocated once per call, and the residual adds run
   // here: ATen's empty and add_ cost ~1 and ~2.5 us a call, ~0.25 ms a one-token forward.
-  auto mm = [q8, T](const float* x, int64_t K, const at::Tensor& codes,
-                    const at::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
+  // A target's layers stream (read once a forward); a head's stay in the caches.
+  auto mm = [q8, T, draft](const float* x, int64_t K, const at::Tensor& codes,
+                           const at::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
     const int64_t N = codes.size(0) * 8;
-    if (q8) product(q8_weight(codes, s, K), x, T, K, N, y);
-    else product(q4_weight(codes, s, K), x, T, K, N, y);
+    if (q8) product(q8_weight(codes, s, K, !draft), x, T, K, N, y);
+    else product(q4_weight(codes, s, K, !draft), x, T, K, N, y);
   };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
   auto aux = at::empty({T, int64_t(aux_ids.size()) * H}, h.options());
@@ -953,7 +1012,7 @@ static std::vector<at::Tensor> head_rows(at::Tensor h, at::Tensor tokens, at::Te
   at::Tensor embeds = embedding.index_select(0, tokens);  // [T, H]
   auto out = fused_decoder(h, embeds, cos, sin, {kv}, {start}, {T}, {visible}, weights, heads,
                            kv_heads, eps, {}, true, final_norm);  // [h, aux (none), normed]
-  at::Tensor logits = q8_linear(out[2].narrow(0, T - R, R), lm_codes, lm_scales, vocab);
+  at::Tensor logits = q8_linear(out[2].narrow(0, T - R, R), lm_codes, lm_scales, vocab, false);
   auto [probs, ids] = logits.softmax(-1).topk(topk, -1);  // [R, k] each, the most likely first
   return {probs, ids.add(d2t.index_select(0, ids.flatten()).view_as(ids)),
           out[norm_output ? 2 : 0].narrow(0, T - R, R).clone()};
@@ -996,7 +1055,7 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
       normed.push_back(at::rms_norm(h.narrow(1, a * chunk, chunk), {chunk}, fc_norms[a], eps));
     h = at::cat(normed, 1);  // [T, W]
   }
-  if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H);  // [T, H]
+  if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H, false);  // [T, H]
   at::Tensor visible = at::empty({0}, tokens.options().dtype(at::kBool));
   if (T > 1) {  // row t sees cache rows [0, start + t]; one row sees every row
     visible = at::empty({T, start + T}, visible.options());
@@ -1134,8 +1193,10 @@ void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same m
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using unlocked = pybind11::call_guard<pybind11::gil_scoped_release>;
   register_step(m);
-  m.def("q4_linear", &q4_linear, unlocked(), "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
-  m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
+  m.def("q4_linear", &q4_linear, unlocked(), "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]; streamed: read once a forward",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("N"), py::arg("streamed") = false);
+  m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]; streamed: read once a forward",
+        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("N"), py::arg("streamed") = false);
   m.def("fused_decoder", &fused_decoder, unlocked(), "fused q4 target / q8 head layers over the rows of one or more sequences");
   m.def("head_extend", &head_extend, unlocked(), "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
   m.def("head_draft_tree", &head_draft_tree, unlocked(), "an EAGLE-3 head's q8 draft: its decode steps over the best paths and their expansion");
