@@ -1,7 +1,7 @@
 """The cost model of an EAGLE-3 iteration on this CPU, with its bounds, in one run:
 
     PYTHONPATH=. python benchmarks/cost_model.py [--context 300] [--rounds 21] \
-        [--compare-flags=-DLOWBIT_STREAM_HINT=_MM_HINT_T0] [--json docs/figures]
+        [--compare-flags=-DLOWBIT_EMBEDDED_BROADCAST=0] [--json docs/figures]
 
 The bundled q4 target and default head. Every item is timed once a round, in turn, and the
 medians are kept (a slow spell of the machine hits all items alike):

@@ -118,17 +118,14 @@ def main() -> None:
                     us = round(mean_us(fn, reps), 1)
                     report[key][name][m] = min(report[key][name].get(m, us), us)
         if stacks:
-            # a target's weights are read as streamed (a build older than the flag: as it did)
-            streamed = {key: (True,) if "streamed" in (b.q4_linear.__doc__ or "") else ()
-                        for key, b in builds.items()}
             passes: dict[str, list[float]] = {key: [] for key in builds}
             for _ in range(7):  # alternating passes; the median of each build
                 for key, b in builds.items():
                     t0 = time.perf_counter()
                     for linears in stacks[key]:
                         for nn, kk, packed in linears:
-                            b.q4_linear(xs[kk], *packed, nn, *streamed[key])
-                    b.q8_linear(x, *heads[key], n, *streamed[key])
+                            b.q4_linear(xs[kk], *packed, nn)
+                    b.q8_linear(x, *heads[key], n)
                     passes[key].append(time.perf_counter() - t0)
             for key, ts in passes.items():
                 report[key]["streamed_ms"][m] = round(sorted(ts)[len(ts) // 2] * 1e3, 3)

@@ -118,8 +118,31 @@ def estimate_table(report: dict) -> list[str]:
     return lines
 
 
+def cost_model_table(report: dict) -> list[str]:
+    lines = ["| build | one-token forward | its read bound | verify 4 / 8 / 16 rows | "
+             "a row past 8 | of the int8 peak | draft step (warm) | extend (warm) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for build, b in report["builds"].items():
+        v = b["verify_vs_1"]
+        lines.append(
+            f"| {build} | {b['forward_ms']:.2f} ms | {100 * b['bound_share']:.0f}% | "
+            f"{v['4']:.2f} / {v['8']:.2f} / {v['16']:.2f} | {b['row_ms']:.2f} ms, "
+            f"{b['row_gmacs']:.0f} GMAC/s | {100 * b['row_peak_share']:.0f}% | "
+            f"{b['draft_step_vs_1']:.3f} ({b['draft_step_warm_vs_1']:.3f}) | "
+            f"{b['extend_vs_1']:.3f} ({b['extend_warm_vs_1']:.3f}) |")
+    return lines
+
+
 def describe(report: dict) -> str:
     kind = report["kind"]
+    if kind == "cost_model":
+        return (f"the q4 target at {report['context']} tokens of context and head "
+                f"{report['head']}, medians of {report['rounds']} interleaved rounds; the read "
+                f"bound streams the forward's {report['bytes_mb']} MB in "
+                f"{report['bound_ms']} ms; the int8 peak is {report['peak_gmacs']} GMAC/s, a row "
+                f"{report['row_macs_m']}M multiply-adds; verify, draft step and extend in "
+                "one-token forwards, draft and extend right after a target forward (warm: back "
+                "to back); each build's row names the compiler flags it adds")
     if kind == "peers":
         sampling = ("greedy" if report["temperature"] == 0 else
                     f"temperature {report['temperature']}, top-p {report['top_p']}")
@@ -149,6 +172,7 @@ KINDS = {  # kind (or its first word) -> title, table; in this order
     "peers": ("Against the tools a visitor already has", peers_table),
     "bench": ("EAGLE-3 against our own plain decoding", bench_table),
     "soak": ("Memory through many visitors", soak_table),
+    "cost_model": ("Where an iteration's time goes", cost_model_table),
     "host_time": ("The host's time per iteration", host_time_table),
     "speedup_estimate": ("The speedup estimate against the measured speedup", estimate_table),
 }

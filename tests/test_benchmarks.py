@@ -27,6 +27,7 @@ SMOKE = {  # script -> (arguments, text its output must contain)
     "iteration_steps.py": (["--prompts", MTBENCH, "--limit", "1", "--max-new-tokens", "8"],
                            "verify"),
     "lowbit_kernels.py": (["--rows", "1,2"], "lm_head_us"),
+    "cost_model.py": (["--rounds", "1", "--context", "64"], "bound_share"),
     "host_time.py": (["--tokens", "8", "--repeats", "1", "--profile", "3"], "rest_us"),
     "step_ops.py": (["--calls", "5"], "acceptance"),
     "first_token.py": (["--prompts", MTBENCH, "--limit", "1", "--rounds", "1"], "EAGLE-3"),

@@ -123,7 +123,6 @@ struct Packed {
   const uint8_t* codes;
   const uint16_t* scales;  // float16 bits
   int64_t B;
-  bool streamed;  // read once a forward (the target's): prefetched past the outer caches
   static constexpr int64_t kBytes = kQ4 ? 128 : 256, kScales = kQ4 ? 16 : 8;
 };
 
@@ -214,26 +213,16 @@ LOWBIT_INLINE __m256i dot4_at(__m256i acc, __m256i u, const int8_t* p) {
 #endif
 constexpr int64_t kPrefetch = LOWBIT_PREFETCH_BYTES;
 
-#ifndef LOWBIT_STREAM_HINT
-#define LOWBIT_STREAM_HINT _MM_HINT_NTA
-#endif
-template <bool kQ4, int kHint>
-LOWBIT_INLINE void prefetch_hint(const uint8_t* codes, const uint16_t* scales) {
+template <bool kQ4>
+LOWBIT_INLINE void prefetch(const uint8_t* codes, const uint16_t* scales) {
   if constexpr (kPrefetch > 0) {
     const char* c = reinterpret_cast<const char*>(codes) + kPrefetch;
 #pragma GCC unroll 4
     for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64)
-      _mm_prefetch(c + line, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(c + line, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(scales) +
-                     kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2,
-                 static_cast<_mm_hint>(kHint));
+                     kPrefetch / Packed<kQ4>::kBytes * Packed<kQ4>::kScales * 2, _MM_HINT_T0);
   }
-}
-
-template <bool kQ4>
-LOWBIT_INLINE void prefetch(const Packed<kQ4>& w, const uint8_t* codes, const uint16_t* scales) {
-  if (w.streamed) prefetch_hint<kQ4, LOWBIT_STREAM_HINT>(codes, scales);
-  else prefetch_hint<kQ4, _MM_HINT_T0>(codes, scales);
 }
 
 // R activation rows x the 8 columns of group g over all blocks: out[r] = 8 outputs.
@@ -247,7 +236,7 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
   for (int64_t b = 0; b < w.B; ++b) {
     const uint8_t* wc = w.codes + (g * w.B + b) * Packed<kQ4>::kBytes;
     const uint16_t* ws = w.scales + (g * w.B + b) * Packed<kQ4>::kScales;
-    prefetch<kQ4>(w, wc, ws);
+    prefetch<kQ4>(wc, ws);
     const int8_t* xb[R];
     __m256i sum[R], sum_hi[R];  // sum_hi: VNNI's high-nibble sums (AVX2 adds all into sum)
 #pragma GCC unroll 8
@@ -378,15 +367,12 @@ const uint16_t* half_bits(const at::Tensor& scales) {
   return reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
 }
 
-Packed<true> q4_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K,
-                       bool streamed) {
-  return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup, streamed};
+Packed<true> q4_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
+  return {codes.data_ptr<uint8_t>(), half_bits(scales), K / kGroup};
 }
 
-Packed<false> q8_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K,
-                        bool streamed) {
-  return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales),
-          K / kGroup, streamed};
+Packed<false> q8_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
+  return {reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), half_bits(scales), K / kGroup};
 }
 
 template <bool kQ4>
@@ -397,13 +383,13 @@ at::Tensor product(const Packed<kQ4>& w, const at::Tensor& x, int64_t N) {
 }
 
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& codes,
-                        const at::Tensor& scales, int64_t N, bool streamed) {
-  return product(q4_weight(codes, scales, x.size(1), streamed), x, N);
+                        const at::Tensor& scales, int64_t N) {
+  return product(q4_weight(codes, scales, x.size(1)), x, N);
 }
 
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes,
-                        const at::Tensor& scales, int64_t N, bool streamed) {
-  return product(q8_weight(codes, scales, x.size(1), streamed), x, N);
+                        const at::Tensor& scales, int64_t N) {
+  return product(q8_weight(codes, scales, x.size(1)), x, N);
 }
 
 // Lane k of the result = the sum of a[k]'s 8 lanes, each with the tree
@@ -433,9 +419,11 @@ struct Dims {
 
 // The row-wise steps of a layer (its norms, RoPE, SiLU) split their rows over the threads where
 // there are several (a tree verify, a prefill); one row runs here without waking the threads.
-// A row's numbers are the same on any thread. Run on the main thread alone, these steps left
-// the other thread waiting on them about a fifth of an 8-row verify (`perf` on the AVX-512
-// EPYC); -DLOWBIT_PARALLEL_ROWS=0 builds without.
+// A row's numbers are the same on any thread. Run on the main thread alone, they left the other
+// thread spinning at its barrier in ~20% of an 8-row verify's `perf` samples on the AVX-512
+// EPYC. With the embedded broadcast above, a verify row past 8 cost 0.74 ms against 1.00 ms
+// without both (`benchmarks/cost_model.py --compare-flags="-DLOWBIT_EMBEDDED_BROADCAST=0
+// -DLOWBIT_PARALLEL_ROWS=0"`); -DLOWBIT_PARALLEL_ROWS=0 builds without.
 #ifndef LOWBIT_PARALLEL_ROWS
 #define LOWBIT_PARALLEL_ROWS 1
 #endif
@@ -826,18 +814,16 @@ void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale
 
 }  // namespace
 
-at::Tensor q4_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N,
-                     bool streamed) {
+at::Tensor q4_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 128, 16);
   TORCH_CHECK(codes.scalar_type() == at::kByte, "q4 codes must be uint8");
-  return q4_matmul(x, codes, scales, N, streamed);
+  return q4_matmul(x, codes, scales, N);
 }
 
-at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N,
-                     bool streamed) {
+at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scales, int64_t N) {
   check(x, codes, scales, N, 256, 8);
   TORCH_CHECK(codes.scalar_type() == at::kChar, "q8 codes must be int8");
-  return q8_matmul(x, codes, scales, N, streamed);
+  return q8_matmul(x, codes, scales, N);
 }
 
 // A layer stack over the rows of one or more sequences (see `attention` above): the target's
@@ -912,12 +898,11 @@ std::vector<at::Tensor> fused_decoder(at::Tensor h, at::Tensor embeds, at::Tenso
   // packed weights of whole groups of 8 columns (`FusedDecoder.supports`): N = 8 * groups.
   // Every product writes into a buffer allocated once per call, and the residual adds run
   // here: ATen's empty and add_ cost ~1 and ~2.5 us a call, ~0.25 ms a one-token forward.
-  // A target's layers stream (read once a forward); a head's stay in the caches.
-  auto mm = [q8, T, draft](const float* x, int64_t K, const at::Tensor& codes,
-                           const at::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
+  auto mm = [q8, T](const float* x, int64_t K, const at::Tensor& codes,
+                    const at::Tensor& s, float* y) {  // y [T, N] = x [T, K] @ W^T
     const int64_t N = codes.size(0) * 8;
-    if (q8) product(q8_weight(codes, s, K, !draft), x, T, K, N, y);
-    else product(q4_weight(codes, s, K, !draft), x, T, K, N, y);
+    if (q8) product(q8_weight(codes, s, K), x, T, K, N, y);
+    else product(q4_weight(codes, s, K), x, T, K, N, y);
   };
   const int64_t qkv_w = (heads + 2 * kv_heads) * hd;
   auto aux = at::empty({T, int64_t(aux_ids.size()) * H}, h.options());
@@ -1012,7 +997,7 @@ static std::vector<at::Tensor> head_rows(at::Tensor h, at::Tensor tokens, at::Te
   at::Tensor embeds = embedding.index_select(0, tokens);  // [T, H]
   auto out = fused_decoder(h, embeds, cos, sin, {kv}, {start}, {T}, {visible}, weights, heads,
                            kv_heads, eps, {}, true, final_norm);  // [h, aux (none), normed]
-  at::Tensor logits = q8_linear(out[2].narrow(0, T - R, R), lm_codes, lm_scales, vocab, false);
+  at::Tensor logits = q8_linear(out[2].narrow(0, T - R, R), lm_codes, lm_scales, vocab);
   auto [probs, ids] = logits.softmax(-1).topk(topk, -1);  // [R, k] each, the most likely first
   return {probs, ids.add(d2t.index_select(0, ids.flatten()).view_as(ids)),
           out[norm_output ? 2 : 0].narrow(0, T - R, R).clone()};
@@ -1055,7 +1040,7 @@ std::vector<at::Tensor> head_extend(at::Tensor tokens, at::Tensor features, at::
       normed.push_back(at::rms_norm(h.narrow(1, a * chunk, chunk), {chunk}, fc_norms[a], eps));
     h = at::cat(normed, 1);  // [T, W]
   }
-  if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H, false);  // [T, H]
+  if (fc_codes.numel()) h = q8_linear(h, fc_codes, fc_scales, H);  // [T, H]
   at::Tensor visible = at::empty({0}, tokens.options().dtype(at::kBool));
   if (T > 1) {  // row t sees cache rows [0, start + t]; one row sees every row
     visible = at::empty({T, start + T}, visible.options());
@@ -1193,10 +1178,8 @@ void register_step(pybind11::module& m);  // cpu_step.cpp, built into the same m
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using unlocked = pybind11::call_guard<pybind11::gil_scoped_release>;
   register_step(m);
-  m.def("q4_linear", &q4_linear, unlocked(), "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]; streamed: read once a forward",
-        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("N"), py::arg("streamed") = false);
-  m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]; streamed: read once a forward",
-        py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("N"), py::arg("streamed") = false);
+  m.def("q4_linear", &q4_linear, unlocked(), "x [M, K] f32 @ packed q4 weight [N, K]^T -> [M, N]");
+  m.def("q8_linear", &q8_linear, unlocked(), "x [M, K] f32 @ packed q8 weight [N, K]^T -> [M, N]");
   m.def("fused_decoder", &fused_decoder, unlocked(), "fused q4 target / q8 head layers over the rows of one or more sequences");
   m.def("head_extend", &head_extend, unlocked(), "an EAGLE-3 head's q8 draft extend: fc, layers, lm_head, top-k");
   m.def("head_draft_tree", &head_draft_tree, unlocked(), "an EAGLE-3 head's q8 draft: its decode steps over the best paths and their expansion");

@@ -92,19 +92,16 @@ def load(extra_flags: tuple[str, ...] = ()) -> ModuleType:
     return module
 
 
-def q4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
-              streamed: bool = False) -> torch.Tensor:
-    """x [M, K] float32 @ q4 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q4`).
-    `streamed`: a weight read once a forward (a target's), prefetched past the outer caches
-    so that it does not evict what stays there (a head's weights). The same bits either way."""
-    return load().q4_linear(x, codes, scales, n, streamed)
+def q4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> torch.Tensor:
+    """x [M, K] float32 @ q4 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q4`)."""
+    return load().q4_linear(x, codes, scales, n)
 
 
-def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
-              streamed: bool = False) -> torch.Tensor:
-    """x [M, K] float32 @ q8 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q8`);
-    `streamed` as for `q4_linear`."""
-    return load().q8_linear(x, codes, scales, n, streamed)
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int
+              ) -> torch.Tensor:
+    """x [M, K] float32 @ q8 weight [n, K]^T -> [M, n]; codes and scales packed (`pack_q8`)."""
+    return load().q8_linear(x, codes, scales, n)
 
 
 def _pad_rows(t: torch.Tensor) -> torch.Tensor:

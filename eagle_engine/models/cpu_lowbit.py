@@ -83,12 +83,11 @@ class LowBitLinear(nn.Module):
         bias = getattr(linear, "bias", None)
         self.bias = None if bias is None else bias.detach().float()
         self.matmul = cpu_lowbit.q4_linear if kind == "q4" else cpu_lowbit.q8_linear
-        self.streamed = False  # a target's weight, read once a forward (`quantize_target`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] float32 -> [..., out]. Inference only."""
         out = self.matmul(x.reshape(-1, self.in_features).contiguous(), self.codes, self.scales,
-                          self.out_features, self.streamed)
+                          self.out_features)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -116,9 +115,6 @@ def quantize_target(model: nn.Module) -> dict[str, int]:
     for parent, name, child in swaps:
         setattr(parent, name, LowBitLinear(child, "q4"))
     model.lm_head = LowBitLinear(model.lm_head, "q8")
-    for m in model.modules():
-        if isinstance(m, LowBitLinear):
-            m.streamed = True
     if FusedDecoder.supports(model):
         model.fused = FusedDecoder(model)
     return {"q4": len(swaps), "q8": 1, "fused": model.fused is not None}
