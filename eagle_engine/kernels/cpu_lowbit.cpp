@@ -327,6 +327,141 @@ void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_
   }
 }
 
+// Two groups of 8 columns in one 512-bit tile, where the CPU has AVX-512 with VNNI: each 4-byte
+// activation broadcast (the instruction's own memory operand, {1to16}) then feeds 16 columns
+// instead of 8, and each instruction of the tile covers twice the columns, so a row costs half
+// the loads and half the instructions. Every lane does the 256-bit tile's operations in the
+// same order (the packed layout is the same: a vector joins the two groups' vectors), so the
+// results have the same bits. For q4 weights (the decoder layers) of 8 rows or more: paired,
+// a product that waits on memory reads two streams, the two groups' blocks, and ran slower
+// (`lowbit_kernels.py --streamed` on the AVX-512 EPYC: the lm_head's q8 product at 1-8 rows;
+// 30 decoder layers and the lm_head at one row 6.26 against 5.84 ms, at 4 rows 6.43 against
+// 5.96), while at 8 / 16 rows they took 8.17 / 12.6 ms against 8.65 / 14.7. -DLOWBIT_ZMM=0
+// builds without.
+#ifndef LOWBIT_ZMM
+#define LOWBIT_ZMM 1
+#endif
+#if LOWBIT_ZMM && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VL__)
+#define LOWBIT_PAIR_GROUPS 1
+constexpr int64_t kPairRows = 8;  // the fewest rows of a paired product
+
+LOWBIT_INLINE __m512i join2(const uint8_t* a, const uint8_t* b) {  // 32 bytes of each
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+LOWBIT_INLINE __m512 load16_half(const uint16_t* a, const uint16_t* b) {  // 8 float16 of each
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
+LOWBIT_INLINE __m512i dot16_at(__m512i acc, __m512i u, const int8_t* p) {  // `dot4_at`, 16 lanes
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// Asks for block b of group g (its codes and scales) now; a hint: past the weight's end it
+// does not fault.
+template <bool kQ4>
+LOWBIT_INLINE void prefetch_block(const Packed<kQ4>& w, int64_t g, int64_t b) {
+  if constexpr (kPrefetch > 0) {
+    const char* c = reinterpret_cast<const char*>(w.codes + (g * w.B + b) * Packed<kQ4>::kBytes);
+#pragma GCC unroll 4
+    for (int64_t line = 0; line < Packed<kQ4>::kBytes; line += 64)
+      _mm_prefetch(c + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.scales + (g * w.B + b) * Packed<kQ4>::kScales),
+                 _MM_HINT_T0);
+  }
+}
+
+// `tile` over groups g and g + 1 of a q4 weight: out[r] = their 16 outputs of row m0 + r.
+template <int R, bool kQ4>
+LOWBIT_INLINE void tile16(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t m0,
+                          __m512 out[R]) {
+  static_assert(kQ4, "q4 weights only");
+  constexpr int64_t kBytes = Packed<kQ4>::kBytes, kScales = Packed<kQ4>::kScales;
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.B; ++b) {
+    const uint8_t* wa = w.codes + (g * w.B + b) * kBytes;
+    const uint8_t* wb = wa + w.B * kBytes;  // group g + 1, block b
+    const uint16_t* sa = w.scales + (g * w.B + b) * kScales;
+    const uint16_t* sb = sa + w.B * kScales;
+    // the thread reads the two groups' blocks side by side: ask for the blocks kPrefetch bytes
+    // ahead in that order (past block B - 1, the next pair's, which follows group g + 1)
+    const int64_t ahead = b + kPrefetch / (2 * kBytes);
+    const int64_t pg = ahead < w.B ? g : g + 2, pb = ahead < w.B ? ahead : ahead - w.B;
+    prefetch_block<kQ4>(w, pg, pb);
+    prefetch_block<kQ4>(w, pg + 1, pb);
+    const int8_t* xb[R];
+    __m512i sum[R], sum_hi[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      xb[r] = x.q.data() + (m0 + r) * x.K + b * kGroup;
+      sum[r] = sum_hi[r] = _mm512_setzero_si512();
+    }
+    {
+      const __m512i low4 = _mm512_set1_epi8(15);
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i v = join2(wa + 32 * p, wb + 32 * p);
+        const __m512i lo = _mm512_and_si512(v, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          sum[r] = dot16_at(sum[r], lo, xb[r] + 8 * p);
+          sum_hi[r] = dot16_at(sum_hi[r], hi, xb[r] + 8 * p + 4);
+        }
+      }
+      const __m512 dw = load16_half(sa, sb), m = load16_half(sa + 8, sb + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (m0 + r) * x.B + b;
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(sum[r], sum_hi[r]));
+        acc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x.d[i])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[i]), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// `group_rows` for groups g and g + 1 (g + 1 may be the last, padded group)
+template <int R, bool kQ4>
+void pair_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
+  __m512 out[R];
+  tile16<R>(w, x, g, m0, out);
+  const int64_t n0 = 8 * g, width = std::min<int64_t>(16, N - n0);
+  for (int r = 0; r < R; ++r) {
+    if (width == 16) {
+      _mm512_storeu_ps(y + (m0 + r) * N + n0, out[r]);
+    } else {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, out[r]);
+      std::memcpy(y + (m0 + r) * N + n0, t, width * sizeof(float));
+    }
+  }
+}
+
+template <int R, bool kQ4>
+LOWBIT_INLINE void pair_rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N,
+                                  int64_t g, int64_t m0, int64_t left) {
+  if constexpr (R > 0) {
+    if (left == R) pair_rows<R>(w, x, y, N, g, m0);
+    else pair_rows_left<R - 1>(w, x, y, N, g, m0, left);
+  }
+}
+#else
+#define LOWBIT_PAIR_GROUPS 0
+#endif
+
 // the last `left` rows (at most R, none when 0), after the full tiles, as one tile
 template <int R, bool kQ4>
 LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g,
@@ -352,7 +487,18 @@ void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t
   const Acts a = quantize_rows(x, M, K);
   constexpr int64_t kLast = LOWBIT_TILE6 ? 6 : 4;  // the most rows of the last tile
   at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
+    int64_t g = g0;
+#if LOWBIT_PAIR_GROUPS
+    if constexpr (kQ4) {  // two groups a tile (q4: the decoder layers); an odd last group below
+      for (; M >= kPairRows && g + 2 <= g1; g += 2) {
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) pair_rows<8>(w, a, y, N, g, m);
+        for (; M - m > kLast; m += 4) pair_rows<4>(w, a, y, N, g, m);
+        pair_rows_left<kLast>(w, a, y, N, g, m, M - m);
+      }
+    }
+#endif
+    for (; g < g1; ++g) {
       int64_t m = 0;
 #if defined(__AVX512VL__) && (!defined(LOWBIT_TILE8) || LOWBIT_TILE8)
       for (; m + 8 <= M; m += 8) group_rows<8>(w, a, y, N, g, m);
