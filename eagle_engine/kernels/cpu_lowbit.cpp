@@ -183,7 +183,7 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // dot4 against 4 activation bytes at p, broadcast to every lane. With VNNI the broadcast is
 // the instruction's own memory operand (EVEX embedded broadcast, {1to8}): one instruction a
 // row instead of a broadcast and a product. On the AVX-512 EPYC the 8- and 16-row products
-// of a decoder layer and the lm_head ran 9-22% faster (in cache,
+// of a decoder layer and the lm_head ran 8-11% faster (in cache,
 // `benchmarks/lowbit_kernels.py`); -DLOWBIT_EMBEDDED_BROADCAST=0 builds without.
 #ifndef LOWBIT_EMBEDDED_BROADCAST
 #define LOWBIT_EMBEDDED_BROADCAST 1
@@ -380,11 +380,10 @@ LOWBIT_INLINE void prefetch_block(const Packed<kQ4>& w, int64_t g, int64_t b) {
 }
 
 // `tile` over groups g and g + 1 of a q4 weight: out[r] = their 16 outputs of row m0 + r.
-template <int R, bool kQ4>
-LOWBIT_INLINE void tile16(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t m0,
+template <int R>
+LOWBIT_INLINE void tile16(const Packed<true>& w, const Acts& x, int64_t g, int64_t m0,
                           __m512 out[R]) {
-  static_assert(kQ4, "q4 weights only");
-  constexpr int64_t kBytes = Packed<kQ4>::kBytes, kScales = Packed<kQ4>::kScales;
+  constexpr int64_t kBytes = Packed<true>::kBytes, kScales = Packed<true>::kScales;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -397,8 +396,8 @@ LOWBIT_INLINE void tile16(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_
     // ahead in that order (past block B - 1, the next pair's, which follows group g + 1)
     const int64_t ahead = b + kPrefetch / (2 * kBytes);
     const int64_t pg = ahead < w.B ? g : g + 2, pb = ahead < w.B ? ahead : ahead - w.B;
-    prefetch_block<kQ4>(w, pg, pb);
-    prefetch_block<kQ4>(w, pg + 1, pb);
+    prefetch_block(w, pg, pb);
+    prefetch_block(w, pg + 1, pb);
     const int8_t* xb[R];
     __m512i sum[R], sum_hi[R];
 #pragma GCC unroll 8
@@ -406,27 +405,25 @@ LOWBIT_INLINE void tile16(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_
       xb[r] = x.q.data() + (m0 + r) * x.K + b * kGroup;
       sum[r] = sum_hi[r] = _mm512_setzero_si512();
     }
-    {
-      const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i low4 = _mm512_set1_epi8(15);
 #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {
-        const __m512i v = join2(wa + 32 * p, wb + 32 * p);
-        const __m512i lo = _mm512_and_si512(v, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          sum[r] = dot16_at(sum[r], lo, xb[r] + 8 * p);
-          sum_hi[r] = dot16_at(sum_hi[r], hi, xb[r] + 8 * p + 4);
-        }
-      }
-      const __m512 dw = load16_half(sa, sb), m = load16_half(sa + 8, sb + 8);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = join2(wa + 32 * p, wb + 32 * p);
+      const __m512i lo = _mm512_and_si512(v, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const int64_t i = (m0 + r) * x.B + b;
-        const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(sum[r], sum_hi[r]));
-        acc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x.d[i])), acc[r]);
-        acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[i]), acc[r]);
+        sum[r] = dot16_at(sum[r], lo, xb[r] + 8 * p);
+        sum_hi[r] = dot16_at(sum_hi[r], hi, xb[r] + 8 * p + 4);
       }
+    }
+    const __m512 dw = load16_half(sa, sb), m = load16_half(sa + 8, sb + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * x.B + b;
+      const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(sum[r], sum_hi[r]));
+      acc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x.d[i])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[i]), acc[r]);
     }
   }
 #pragma GCC unroll 8
@@ -434,8 +431,8 @@ LOWBIT_INLINE void tile16(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_
 }
 
 // `group_rows` for groups g and g + 1 (g + 1 may be the last, padded group)
-template <int R, bool kQ4>
-void pair_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
+template <int R>
+void pair_rows(const Packed<true>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
   __m512 out[R];
   tile16<R>(w, x, g, m0, out);
   const int64_t n0 = 8 * g, width = std::min<int64_t>(16, N - n0);
@@ -450,8 +447,8 @@ void pair_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t
   }
 }
 
-template <int R, bool kQ4>
-LOWBIT_INLINE void pair_rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N,
+template <int R>
+LOWBIT_INLINE void pair_rows_left(const Packed<true>& w, const Acts& x, float* y, int64_t N,
                                   int64_t g, int64_t m0, int64_t left) {
   if constexpr (R > 0) {
     if (left == R) pair_rows<R>(w, x, y, N, g, m0);
@@ -565,11 +562,10 @@ struct Dims {
 
 // The row-wise steps of a layer (its norms, RoPE, SiLU) split their rows over the threads where
 // there are several (a tree verify, a prefill); one row runs here without waking the threads.
-// A row's numbers are the same on any thread. Run on the main thread alone, they left the other
-// thread spinning at its barrier in ~20% of an 8-row verify's `perf` samples on the AVX-512
-// EPYC. With the embedded broadcast above, a verify row past 8 cost 0.74 ms against 1.00 ms
-// without both (`benchmarks/cost_model.py --compare-flags="-DLOWBIT_EMBEDDED_BROADCAST=0
-// -DLOWBIT_PARALLEL_ROWS=0"`); -DLOWBIT_PARALLEL_ROWS=0 builds without.
+// A row's numbers are the same on any thread. On the main thread alone, they held the other
+// thread at its next barrier (in an 8-row verify on the AVX-512 EPYC, `perf` put 3% of the
+// samples in them and 20% in the threads' barrier waits). -DLOWBIT_PARALLEL_ROWS=0 builds
+// without.
 #ifndef LOWBIT_PARALLEL_ROWS
 #define LOWBIT_PARALLEL_ROWS 1
 #endif
