@@ -560,49 +560,30 @@ struct Dims {
   int64_t T, heads, kv_heads, hd, inter, S, max_len;
 };
 
-// The row-wise steps of a layer (its norms, RoPE, SiLU) split their rows over the threads where
-// there are several (a tree verify, a prefill); one row runs here without waking the threads.
-// A row's numbers are the same on any thread. On the main thread alone, they held the other
-// thread at its next barrier (in an 8-row verify on the AVX-512 EPYC, `perf` put 3% of the
-// samples in them and 20% in the threads' barrier waits). -DLOWBIT_PARALLEL_ROWS=0 builds
-// without.
-#ifndef LOWBIT_PARALLEL_ROWS
-#define LOWBIT_PARALLEL_ROWS 1
-#endif
-template <class F>
-void for_rows(int64_t T, const F& rows) {  // rows(t0, t1) over [0, T)
-  if (LOWBIT_PARALLEL_ROWS && T > 1) at::parallel_for(0, T, 1, rows);
-  else rows(0, T);
-}
-
 void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t H, float eps) {
-  for_rows(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xr = x + t * H;
-      double ss = 0;
-      for (int64_t i = 0; i < H; ++i) ss += double(xr[i]) * xr[i];
-      const float inv = 1.f / std::sqrt(float(ss / H) + eps);
-      for (int64_t i = 0; i < H; ++i) out[t * H + i] = xr[i] * inv * w[i];
-    }
-  });
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * H;
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = 1.f / std::sqrt(float(ss / H) + eps);
+    for (int64_t i = 0; i < H; ++i) out[t * H + i] = xr[i] * inv * w[i];
+  }
 }
 
 void rope(float* x, const float* cos, const float* sin, int64_t T, int64_t stride,
           int64_t heads, int64_t hd) {
   const int64_t half = hd / 2;
-  for_rows(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x + t * stride + h * hd;
-        const float* c = cos + t * hd;
-        const float* s = sin + t * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i + half] + a * s[i + half];
-        }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * stride + h * hd;
+      const float* c = cos + t * hd;
+      const float* s = sin + t * hd;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
       }
-  });
+    }
 }
 
 // One sequence's attention: q [T, heads*hd] (row stride qs) -> out [T, heads*hd]; k/v caches
@@ -925,17 +906,13 @@ void add_into(float* h, const float* x, int64_t n) {  // h += x (the bits of ATe
 }
 
 void silu_mul(const float* gu, float* out, int64_t T, int64_t I) {
-  for_rows(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < I; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gu + t * 2 * I + i);
-        const __m256 u = _mm256_loadu_ps(gu + t * 2 * I + I + i);
-        const __m256 e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        const __m256 sig =
-            _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
-        _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
-      }
-  });
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gu + t * 2 * I + i), u = _mm256_loadu_ps(gu + t * 2 * I + I + i);
+      const __m256 e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 sig = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+      _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+    }
 }
 
 void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
