@@ -21,8 +21,9 @@ medians are kept (a slow spell of the machine hits all items alike):
   weights then come back from memory), and `*_warm` back to back.
 
 `--compare-flags` also builds the low-bit kernels with those compiler flags added and times
-both builds in the same rounds (the engine's kernels are swapped between items): the A/B of a
-kernel change in one process. Prints JSON with the CPU class.
+both builds in the same rounds, the items in reverse order every other round (the engine's
+kernels are swapped between items): the A/B of a kernel change in one process. Prints JSON
+with the CPU class.
 """
 from __future__ import annotations
 
@@ -197,8 +198,10 @@ def measure(engine: EagleEngine, head: str, context: int, rounds: int,
     named = {(b, name): fn for b in builds for name, fn in items(engine, head, context).items()}
     times: dict = {key: [] for key in named}
     times |= {("", "bound"): [], ("", "peak"): []}
+    order = list(named.items())
     for r in range(rounds + 2):  # two warm-up rounds
-        for (b, name), (fn, before) in named.items():
+        # the builds take turns going first: what runs first in a round runs slower
+        for (b, name), (fn, before) in (order if r % 2 == 0 else order[::-1]):
             with build(b):
                 if before is not None:
                     before()
