@@ -44,10 +44,11 @@ from eagle_engine.cli_args import pick_head
 from eagle_engine.config import EngineConfig
 from eagle_engine.draft import draft
 from eagle_engine.engine import EagleEngine
-from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.hardware import cpu_flags
+from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.models.cpu_lowbit import LowBitLinear
+from eagle_engine.models.layers import RMSNorm
 
 PROBE_SOURCE = r"""
 #include <ATen/Parallel.h>
@@ -152,7 +153,7 @@ def forward_bytes(engine: EagleEngine) -> list[torch.Tensor]:
     for m in engine.target.modules():
         if isinstance(m, LowBitLinear):
             out += [m.codes, m.scales]
-        elif type(m).__name__ == "RMSNorm":
+        elif isinstance(m, RMSNorm):
             out.append(m.weight)
     return out
 

@@ -29,6 +29,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -311,22 +312,6 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-template <int R, bool kQ4>
-void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
-  __m256 out[R];
-  tile<R>(w, x, g, m0, out);
-  const int64_t n0 = 8 * g, width = std::min<int64_t>(8, N - n0);
-  for (int r = 0; r < R; ++r) {
-    if (width == 8) {
-      _mm256_storeu_ps(y + (m0 + r) * N + n0, out[r]);
-    } else {  // the last group of a width that is not a multiple of 8 (padded columns)
-      alignas(32) float t[8];
-      _mm256_store_ps(t, out[r]);
-      std::memcpy(y + (m0 + r) * N + n0, t, width * sizeof(float));
-    }
-  }
-}
-
 // Two groups of 8 columns in one 512-bit tile, where the CPU has AVX-512 with VNNI: each 4-byte
 // activation broadcast (the instruction's own memory operand, {1to16}) then feeds 16 columns
 // instead of 8, and each instruction of the tile covers twice the columns, so a row costs half
@@ -430,52 +415,57 @@ LOWBIT_INLINE void tile16(const Packed<true>& w, const Acts& x, int64_t g, int64
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-// `group_rows` for groups g and g + 1 (g + 1 may be the last, padded group)
-template <int R>
-void pair_rows(const Packed<true>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
-  __m512 out[R];
-  tile16<R>(w, x, g, m0, out);
-  const int64_t n0 = 8 * g, width = std::min<int64_t>(16, N - n0);
+#else
+#define LOWBIT_PAIR_GROUPS 0
+#endif
+
+LOWBIT_INLINE void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+#if LOWBIT_PAIR_GROUPS
+LOWBIT_INLINE void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+#endif
+
+// R rows x the 8 * G columns of groups g .. g + G - 1 into y: G = 1, `tile`; G = 2, `tile16`
+// (the last group may be padded: only its real columns are written)
+template <int R, int G, bool kQ4>
+void group_rows(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g, int64_t m0) {
+  static_assert(G == 1 || G == 2, "one group or two");
+  std::conditional_t<G == 1, __m256, __m512> out[R];
+  if constexpr (G == 1) {
+    tile<R>(w, x, g, m0, out);
+  } else {
+#if LOWBIT_PAIR_GROUPS
+    tile16<R>(w, x, g, m0, out);
+#endif
+  }
+  const int64_t n0 = 8 * g, width = std::min<int64_t>(8 * G, N - n0);
   for (int r = 0; r < R; ++r) {
-    if (width == 16) {
-      _mm512_storeu_ps(y + (m0 + r) * N + n0, out[r]);
-    } else {
-      alignas(64) float t[16];
-      _mm512_store_ps(t, out[r]);
+    if (width == 8 * G) {
+      store(y + (m0 + r) * N + n0, out[r]);
+    } else {  // the last group of a width that is not a multiple of 8 (padded columns)
+      alignas(64) float t[8 * G];
+      store(t, out[r]);
       std::memcpy(y + (m0 + r) * N + n0, t, width * sizeof(float));
     }
   }
 }
 
-template <int R>
-LOWBIT_INLINE void pair_rows_left(const Packed<true>& w, const Acts& x, float* y, int64_t N,
-                                  int64_t g, int64_t m0, int64_t left) {
-  if constexpr (R > 0) {
-    if (left == R) pair_rows<R>(w, x, y, N, g, m0);
-    else pair_rows_left<R - 1>(w, x, y, N, g, m0, left);
-  }
-}
-#else
-#define LOWBIT_PAIR_GROUPS 0
-#endif
-
 // the last `left` rows (at most R, none when 0), after the full tiles, as one tile
-template <int R, bool kQ4>
+template <int R, int G, bool kQ4>
 LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int64_t N, int64_t g,
                              int64_t m0, int64_t left) {
   if constexpr (R > 0) {
-    if (left == R) group_rows<R>(w, x, y, N, g, m0);
-    else rows_left<R - 1>(w, x, y, N, g, m0, left);
+    if (left == R) group_rows<R, G>(w, x, y, N, g, m0);
+    else rows_left<R - 1, G>(w, x, y, N, g, m0, left);
   }
 }
 
-// y [M, N] = x [M, K] @ W^T, into y. Groups of 8 columns split over ATen's threads; a group's
-// codes (a few KB) stay in L1 while every tile of rows passes over them: tiles of 8 rows where
-// the CPU has 32 vector registers (AVX-512VL; 8-row products 4-11% faster;
-// -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join the 4 before
-// them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of them (5 and 6
-// rows' products ~8% faster at the median on the AVX2 EPYC; -DLOWBIT_TILE6=0 builds
-// without).
+// y [M, N] = x [M, K] @ W^T, into y. Groups of 8 columns (two a tile where they pair, above)
+// split over ATen's threads; a group's codes (a few KB) stay in L1 while every tile of rows
+// passes over them: tiles of 8 rows where the CPU has 32 vector registers (AVX-512VL; 8-row
+// products 4-11% faster; -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join
+// the 4 before them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of
+// them (5 and 6 rows' products ~8% faster at the median on the AVX2 EPYC; -DLOWBIT_TILE6=0
+// builds without).
 #ifndef LOWBIT_TILE6
 #define LOWBIT_TILE6 1
 #endif
@@ -483,26 +473,23 @@ template <bool kQ4>
 void product(const Packed<kQ4>& w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
   const Acts a = quantize_rows(x, M, K);
   constexpr int64_t kLast = LOWBIT_TILE6 ? 6 : 4;  // the most rows of the last tile
+  auto every_row = [&](auto groups, int64_t g) {  // all M rows of groups g .. g + G - 1
+    constexpr int G = decltype(groups)::value;
+    int64_t m = 0;
+#if defined(__AVX512VL__) && (!defined(LOWBIT_TILE8) || LOWBIT_TILE8)
+    for (; m + 8 <= M; m += 8) group_rows<8, G>(w, a, y, N, g, m);
+#endif
+    for (; M - m > kLast; m += 4) group_rows<4, G>(w, a, y, N, g, m);
+    rows_left<kLast, G>(w, a, y, N, g, m, M - m);
+  };
   at::parallel_for(0, (N + 7) / 8, 4, [&](int64_t g0, int64_t g1) {
     int64_t g = g0;
 #if LOWBIT_PAIR_GROUPS
-    if constexpr (kQ4) {  // two groups a tile (q4: the decoder layers); an odd last group below
-      for (; M >= kPairRows && g + 2 <= g1; g += 2) {
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) pair_rows<8>(w, a, y, N, g, m);
-        for (; M - m > kLast; m += 4) pair_rows<4>(w, a, y, N, g, m);
-        pair_rows_left<kLast>(w, a, y, N, g, m, M - m);
-      }
-    }
+    if constexpr (kQ4)  // two groups a tile (q4: the decoder layers); an odd last group below
+      for (; M >= kPairRows && g + 2 <= g1; g += 2)
+        every_row(std::integral_constant<int, 2>(), g);
 #endif
-    for (; g < g1; ++g) {
-      int64_t m = 0;
-#if defined(__AVX512VL__) && (!defined(LOWBIT_TILE8) || LOWBIT_TILE8)
-      for (; m + 8 <= M; m += 8) group_rows<8>(w, a, y, N, g, m);
-#endif
-      for (; M - m > kLast; m += 4) group_rows<4>(w, a, y, N, g, m);
-      rows_left<kLast>(w, a, y, N, g, m, M - m);
-    }
+    for (; g < g1; ++g) every_row(std::integral_constant<int, 1>(), g);
   });
 }
 
