@@ -9,10 +9,10 @@ decoding and with EAGLE-3 (a k2 s2 n4 tree without drafts from the context, the 
 runs), through `EagleEngine.stream` (the scheduler, as the app), `--repeats` times, two ways:
 
 - `graphs`: the app's path on a GPU, with every replay free. The engine runs in graph mode:
-  each request leases a slot, its phases are runners on static buffers, and each runner's
-  "capture" runs its static function once and keeps the output, as a CUDA graph keeps its
-  output buffers; a replay then copies the inputs into the buffers and returns that output
-  without computing. What is left is the host's own work per iteration, the part that sits on
+  each request leases a slot of the scheduler's cache pools, its phases are runners on static
+  buffers per batch-size bucket, and each runner's "capture" runs its static function once and
+  keeps the output, as a CUDA graph keeps its output buffers; a replay then copies the inputs
+  into the buffers and returns that output without computing. What is left is the host's own work per iteration, the part that sits on
   a GPU's critical path between replays: tree building, acceptance, the commit, the read-back,
   stop rules, detokenization and events. (The tokens are not the model's, as the outputs are
   stale; the work per iteration is the same.)
@@ -42,7 +42,7 @@ import torch
 from eagle_engine import cuda_graph
 from eagle_engine.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
-from eagle_engine.cuda_graph import GraphMode, GraphPhases
+from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner
 from tests.helpers import tiny_engine
 
 TREE = TreeParams.parse("k=2,s=2,n=4,ctx=off")
@@ -92,13 +92,11 @@ class FreeReplay:
         pass
 
 
-def capture_free(phases: GraphPhases) -> None:
-    """`GraphPhases.capture` without CUDA: each runner runs its static function once on its
-    dummy input and keeps that output, as a graph keeps its output buffers."""
-    for _, runner in phases.runners.values():
-        runner.replay_prepare(runner.dummy_input())
-        runner.output = runner.forward()
-        runner.graph = FreeReplay()
+def capture_free(phases: GraphPhases, runner: GraphRunner) -> None:
+    """`GraphPhases.capture` without CUDA: the runner runs its static function once on its
+    buffers as allocated and keeps that output, as a graph keeps its output buffers."""
+    runner.captured = runner.forward()
+    runner.graph = FreeReplay()
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import eagle_engine.run as run_mod
 import eagle_engine.sampling as sampling_mod
 from eagle_engine.bench import parse_sweep
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
-from eagle_engine.cuda_graph import EAGER_PHASES
+from eagle_engine.batch_phases import EagerPhases
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.run import Run
 from eagle_engine.scheduler import Scheduler
@@ -59,6 +59,8 @@ def install() -> None:
             (Run, "tree_input", "tree (+ the context's chain)"),
             (Run, "accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
             (Run, "iteration_event", "event"),
+            (EagerPhases, "draft", "draft"), (EagerPhases, "verify", "verify forward"),
+            (EagerPhases, "extend", "extend"), (run_mod, "extend", "extend over the prompt"),
             (accept_mod, "draft_input_after", "head top-k"),
             (FusedDecoder, "extend", "head extend, one C++ call"),
             (FusedDecoder, "draft", "head draft step, one C++ call"),
@@ -66,10 +68,6 @@ def install() -> None:
             (sampling_mod, "target_probs", "sampling distribution"),
             (sampling_mod, "sample_from", "sampling draw")]:
         setattr(owner, name, timed(getattr(owner, name), lambda *a, lab=label: lab))
-    for name, label in (("draft", "draft"), ("run_target", "verify forward"),
-                        ("extend", "extend")):
-        object.__setattr__(EAGER_PHASES, name,
-                           timed(getattr(EAGER_PHASES, name), lambda *a, lab=label: lab))
     TargetModel.forward = timed(TargetModel.forward,
                                 lambda self, ids, *a: f"target forward, {ids.shape[1]} rows")
     Eagle3Draft.forward = timed(Eagle3Draft.forward, lambda self, *a: "head forward")

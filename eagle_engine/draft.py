@@ -25,52 +25,57 @@ from .models.draft_model import Eagle3Draft
 
 @dataclass(slots=True)
 class Frontier:
-    """The K best paths so far: the nodes the next draft decode step expands.
+    """The K best paths so far: the nodes the next draft decode step expands. Tensors may carry
+    leading batch dims (`...`: one request, or a static batch of them).
     Candidate layout (global index): level 1 = [0, K); level d >= 2 = K + (d-2)K^2 + row*K + c,
     where row is the frontier slot expanded and c its child rank by draft probability."""
 
-    index: torch.Tensor  # [K] int64 global candidate index of each node
-    score: torch.Tensor  # [K] float32 cumulative path probability
-    ids: torch.Tensor  # [K] int64 target-vocab ids (the next decode step's input tokens)
-    hidden: torch.Tensor  # [K, Hd] recycled hidden of each node's parent step
-    ancestry: torch.Tensor  # [K, level*K] bool: which scratch rows are each node's ancestors
+    index: torch.Tensor  # [..., K] int64 global candidate index of each node
+    score: torch.Tensor  # [..., K] float32 cumulative path probability
+    ids: torch.Tensor  # [..., K] int64 target-vocab ids (the next decode step's input tokens)
+    hidden: torch.Tensor  # [..., K, Hd] recycled hidden of each node's parent step
+    ancestry: torch.Tensor  # [..., K, level*K] bool: which scratch rows are each node's ancestors
     offset: int  # global index of the next level's first candidate
 
     @classmethod
     def first(cls, topk_p: torch.Tensor, topk_ids: torch.Tensor,
               hidden: torch.Tensor) -> tuple[Frontier, DraftTree]:
-        """Level 1 (the extend's top-k after the root) as frontier and as candidates."""
-        K = topk_ids.numel()
+        """Level 1 (the extend's top-k after the root) as frontier and as candidates:
+        topk_p, topk_ids [..., K], hidden [..., K, Hd]."""
+        K = topk_ids.shape[-1]
         dev = topk_ids.device
-        front = cls(torch.arange(K, device=dev), topk_p, topk_ids, hidden,
-                    torch.zeros(K, 0, dtype=torch.bool, device=dev), K)
-        return front, DraftTree(topk_p, topk_ids, torch.full((K,), -1, dtype=torch.long,
-                                                             device=dev))
+        index = torch.arange(K, device=dev).expand_as(topk_ids)
+        ancestry = torch.zeros(*topk_ids.shape, 0, dtype=torch.bool, device=dev)
+        front = cls(index, topk_p, topk_ids, hidden, ancestry, K)
+        return front, DraftTree(topk_p, topk_ids, torch.full_like(topk_ids, -1))
 
 
 def top_children(logits: torch.Tensor, K: int, target_ids: Callable[[torch.Tensor], torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [K, draft_vocab] of a decode step over the frontier -> each node's top-K children:
-    probabilities [K, K], target ids [K, K]. `target_ids` maps draft ids to target ids
-    (`Eagle3Draft.target_ids`)."""
-    child_p, child_idx = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K] each
+    """logits [..., K, draft_vocab] of a decode step over the frontier -> each node's top-K
+    children: probabilities [..., K, K], target ids [..., K, K]. `target_ids` maps draft ids to
+    target ids (`Eagle3Draft.target_ids`)."""
+    child_p, child_idx = torch.softmax(logits, -1).topk(K, dim=-1)  # [..., K, K] each
     return child_p, target_ids(child_idx)
 
 
 def expand(front: Frontier, child_p: torch.Tensor, child_ids: torch.Tensor,
            hidden: torch.Tensor) -> tuple[Frontier, DraftTree]:
-    """One level: each frontier node's top-K children (probabilities [K, K], target ids [K, K],
-    `top_children`) and the decode step's hidden [K, Hd] -> the K*K children as candidates,
-    and the best K paths among them as the next frontier."""
-    K = front.ids.numel()
-    path = (front.score[:, None] * child_p).flatten()  # [K*K] cumulative probability
-    level = DraftTree(scores=path, tokens=child_ids.flatten(),
-                      parents=front.index.repeat_interleave(K))
-    score, best = path.topk(K)
-    slot = best // K  # [K] frontier slot of each new node's parent
-    own = slot[:, None] == torch.arange(K, device=slot.device)  # [K, K] the parent's scratch row
-    nxt = Frontier(front.offset + best, score, level.tokens[best], hidden[slot],
-                   torch.cat([front.ancestry[slot], own], dim=1), front.offset + K * K)
+    """One level: each frontier node's top-K children (probabilities [..., K, K], target ids
+    [..., K, K], `top_children`) and the decode step's hidden [..., K, Hd] -> the K*K children
+    as candidates, and the best K paths among them as the next frontier."""
+    K = front.ids.shape[-1]
+    path = (front.score[..., :, None] * child_p).flatten(-2)  # [..., K*K] cumulative probability
+    level = DraftTree(scores=path, tokens=child_ids.flatten(-2),
+                      parents=front.index.repeat_interleave(K, dim=-1))
+    score, best = path.topk(K, dim=-1)  # [..., K]
+    slot = best // K  # [..., K] frontier slot of each new node's parent
+    own = slot[..., :, None] == torch.arange(K, device=slot.device)  # [..., K, K] its scratch row
+    rows = slot[..., None]  # [..., K, 1]
+    nxt = Frontier(front.offset + best, score, level.tokens.gather(-1, best),
+                   torch.take_along_dim(hidden, rows, dim=-2),
+                   torch.cat([torch.take_along_dim(front.ancestry, rows, dim=-2), own], dim=-1),
+                   front.offset + K * K)
     return nxt, level
 
 
@@ -82,9 +87,10 @@ def goes_on(front: Frontier, tree: TreeParams) -> bool:
 
 
 def join(levels: list[DraftTree]) -> DraftTree:
-    return DraftTree(scores=torch.cat([lv.scores for lv in levels]),
-                     tokens=torch.cat([lv.tokens for lv in levels]),
-                     parents=torch.cat([lv.parents for lv in levels]))
+    """The levels' candidates in the candidate layout (along the last dim)."""
+    return DraftTree(scores=torch.cat([lv.scores for lv in levels], -1),
+                     tokens=torch.cat([lv.tokens for lv in levels], -1),
+                     parents=torch.cat([lv.parents for lv in levels], -1))
 
 
 @torch.inference_mode()

@@ -8,8 +8,8 @@ thread; the app steps one on its engine thread):
             -> [ draft (+ the context's chain) -> tree -> verify -> accept -> commit
                  -> read back -> extend ]*
 
-`phases` gives a request's phase callables for its head, tree and target cache: CUDA-graph
-replays on CUDA (`cuda_graph.py`), the eager functions elsewhere.
+Each scheduler holds its phase backend (`cuda_graph.phases_for`): CUDA-graph replays on CUDA
+(`cuda_graph.GraphPhases`), the eager phases elsewhere (`batch_phases.EagerPhases`).
 Not here: the loop (`scheduler.py`), one request's state (`run.py`), the phases' tensor math
 (draft/tree/verify/accept modules) or UI concerns.
 """
@@ -27,11 +27,10 @@ import torch
 from .chat import encode_chat, stop_token_ids
 from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
 from . import cuda_graph
-from .cuda_graph import GraphMode, Phases, phases_for
+from .cuda_graph import GraphMode
 from .events import RunStats, StepEvent
 from .kernels import step_ops
 from .kernels.cpu_lowbit import load as load_cpu_kernels
-from .kv_cache import KVCache
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
 from .models.draft_io import load_draft
@@ -145,15 +144,8 @@ class EagleEngine:
     @property
     def graph_mode(self) -> GraphMode:
         """Whether requests run CUDA-graph phases (on CUDA unless `config.cuda_graphs` is off),
-        which bind each request to a cache slot of the scheduler's."""
+        which lease each request a slot of its scheduler's cache pools."""
         return cuda_graph.graph_mode(self.config.cuda_graphs, self.target.device)
-
-    def phases(self, head: str | None, tree: TreeParams, cache: KVCache) -> Phases:
-        """Phase callables for a request with this head and tree writing `cache`: runners
-        captured now for `cache` in graph mode (the scheduler keeps them with the cache's slot),
-        the eager functions otherwise."""
-        return phases_for(self.target, cache, self.heads.get(head), tree, self.graph_mode,
-                          self.config.max_len)
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt

@@ -10,19 +10,40 @@ Not here: which rows are accepted (`verify.py`) or tree structure (`tree.py`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .kernels import TORCH, StepOps
 
 
+@dataclass(slots=True)
+class CacheSlots:
+    """Where a static-shape forward over a `KVPool` writes: sequence b writes its token t at
+    cache row `rows[b, t]` of the pool's batch row `slots[b]`, and attends over that whole row."""
+
+    slots: torch.Tensor  # [B] int64 the pool's batch row of each sequence
+    rows: torch.Tensor  # [B, T] int64 the cache row each token is written to
+
+
 class KVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        self.max_len = max_len
         # one tensor for every layer's keys and values, so a commit is one gather and one write
-        self.data = torch.zeros(num_layers * 2 * batch, num_kv_heads, max_len, head_dim,
-                                dtype=dtype, device=device)  # [(layer, k|v, batch), kvh, len, hd]
-        rows = [self.data[i * batch:(i + 1) * batch] for i in range(2 * num_layers)]
+        self._bind(torch.zeros(num_layers * 2 * batch, num_kv_heads, max_len, head_dim,
+                               dtype=dtype, device=device), batch)  # [(layer, k|v, batch), ...]
+
+    @classmethod
+    def over(cls, data: torch.Tensor) -> KVCache:
+        """A one-request cache on existing storage `data` [layers * 2, kvh, len, hd]."""
+        cache = cls.__new__(cls)
+        cache._bind(data, 1)
+        return cache
+
+    def _bind(self, data: torch.Tensor, batch: int) -> None:
+        self.data = data  # [(layer, k|v, batch), kvh, len, hd]
+        self.max_len = data.shape[2]
+        rows = [data[i * batch:(i + 1) * batch] for i in range(data.shape[0] // batch)]
         self.layers = list(zip(rows[0::2], rows[1::2]))  # per layer (k, v) [B, kvh, len, hd]
 
     def keep_batch_rows(self, rows: torch.Tensor) -> KVCache:
@@ -41,6 +62,25 @@ class KVCache:
         checking would read the rows on the host. The C++ op (`cpu_step.cpp`) reads them
         there anyway and skips them."""
         ops.compact_kv(self.data, src_rows, dst_start)
+
+
+class KVPool:
+    """`slots` request caches and one scratch cache in one batch-major tensor. `row(r)` is
+    request r's cache, laid out as a one-request `KVCache` (so prefill, the prefix cache and
+    commits use it as any other); `layers` gives every row's keys and values per layer, for a
+    forward over `CacheSlots`. The scratch row (`scratch`, the last) is where the padding of a
+    static batch writes; no request reads it."""
+
+    def __init__(self, num_layers: int, slots: int, num_kv_heads: int, max_len: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.max_len, self.scratch = max_len, slots
+        self.data = torch.zeros(slots + 1, num_layers * 2, num_kv_heads, max_len, head_dim,
+                                dtype=dtype, device=device)  # [row, (layer, k|v), kvh, len, hd]
+        self.layers = [(self.data[:, 2 * i], self.data[:, 2 * i + 1])
+                       for i in range(num_layers)]  # per layer (k, v) [slots + 1, kvh, len, hd]
+
+    def row(self, r: int) -> KVCache:
+        return KVCache.over(self.data[r])
 
 
 def causal_mask(T: int, start: int, device: torch.device | str,

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .accept import commit, extend_input
+from .accept import commit, extend, extend_input
 from .chat import IncrementalDetokenizer
 from .config import SamplingParams, TreeParams
 from .context_draft import ContextIndex
-from .cuda_graph import Phases
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
 from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, NodeSource, VerifyReadback)
@@ -35,16 +34,16 @@ if TYPE_CHECKING:
 
 
 class Run:
-    """State of one request. `cache` is the target cache it writes (the scheduler's: sized to
-    the request, or a slot that CUDA graphs are bound to); `phases` are the phase callables for
-    its head and tree on that cache (`EagleEngine.phases`). The draft cache comes with CUDA-graph
-    phases; otherwise it is its own, sized like `cache` plus the draft's scratch rows."""
+    """State of one request. `cache` and `draft_cache` (None for plain decoding) are the caches
+    it writes, leased by the scheduler's phase backend (`EagerPhases.lease`): sized to the
+    request, or under CUDA graphs the pool rows of `slot`."""
 
     def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
                  tree: TreeParams, head: str | None, trace: bool, cache: KVCache,
-                 phases: Phases) -> None:
+                 draft_cache: KVCache | None, slot: int | None = None) -> None:
         self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
         self.trace, self.head, self.cache = trace, head, cache
+        self.draft_cache, self.slot = draft_cache, slot
         self.draft_model = engine.heads[head] if head else None
         self.aux_ids: tuple[int, ...] = ()
         if self.draft_model is not None and self.draft_model.cfg.use_aux_hidden_state:
@@ -57,11 +56,6 @@ class Run:
         # per depth up to num_steps, grown when a chain from the context is accepted deeper
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
         self.context: ContextIndex | None = None  # the suffix index, with context drafts
-        self.phases = phases
-        self.draft_cache = self.phases.draft_cache
-        if self.draft_model is not None and self.draft_cache is None:  # tree scratch past max_len
-            self.draft_cache = self.draft_model.new_cache(
-                cache.max_len + tree.topk * tree.num_steps)
         self.tokens = list(prompt_ids)  # the prompt and every token generated (past a stop too)
         self.draft_rows = 0  # draft cache rows holding committed tokens
         self.t_start = time.perf_counter()
@@ -132,10 +126,11 @@ class Run:
         """Once the first token is out: the context's suffix index over the prompt and that
         token (with context drafts), and the head's draft extend over the prompt -> the first
         draft's input. Also after a one-token answer, so that the prefix cache keeps the
-        head's rows for the next turn."""
+        head's rows for the next turn. The extend runs eagerly: a prompt is wider than the
+        extend's CUDA graph."""
         if self.tree.context_drafts:
             self.context = ContextIndex(self.tokens)
-        state = self.phases.extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
+        state = extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
         self.draft_rows = state.seq_len
         return state
 

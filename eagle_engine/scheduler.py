@@ -23,15 +23,14 @@ One `step`:
     emit     an event per request (`StepEvent.batch`: how many requests shared the step);
              finished requests leave, leaving their rows in the prefix cache
 
-Which forward a phase runs: a request alone in its phase, and every request under CUDA graphs,
-runs its own phase callables (`EagleEngine.phases`: a graph replay on CUDA, the eager function
-elsewhere, one C++ call for a q8 head's draft or extend on a CPU); several requests without
-graphs share one batched eager forward per phase (`draft.draft_levels`,
-`batch_phases.target_many`, `accept.extend_rows`).
-Requests join and leave only between steps. With eager phases each owns its caches, sized to
-what it can use (its prompt, `max_new_tokens` and its tree, at most the context window); under
-CUDA graphs, which bake cache addresses in, each takes a slot: a context-window cache made once
-and kept, with the phases captured on it per head and tree. The batched
+Which forward a phase runs is the phase backend's choice (`self.phases`, one per scheduler):
+`batch_phases.EagerPhases` runs a request alone in its phase through its own phase function
+(one C++ call for a q8 head's draft or extend on a CPU) and several requests through one
+batched eager forward per phase; under CUDA graphs `cuda_graph.GraphPhases` replays one graph
+per phase for every request it fits, padded to a batch-size bucket, and hands the rest to the
+eager phases. The backend also leases each request its caches: sized to what it can use, or
+under CUDA graphs (which bake cache addresses in) the rows of a slot in pools made once.
+Requests join and leave only between steps. The batched
 forwards (`batch_phases.py`, `models/batched.py`) read each weight once for all requests and
 give every request its own numbers: with q4 weights the bits it gets alone, with dense weights
 up to the rounding a matrix product may change with the rows beside it. Greedy output equals
@@ -62,15 +61,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .accept import parse_readback, readback_parts
-from .accept import extend_rows
-from .batch_phases import decode_rows, target_many, tree_rows
-from .draft import draft_levels
 from .config import ConfigError, SamplingParams, TreeParams
-from .cuda_graph import GraphMode, Phases
+from .cuda_graph import phases_for
 from .events import StepEvent
 from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
-from .kv_cache import KVCache
 from .run import Run
 from .sampling import next_token
 from .verify import TreeLogits
@@ -135,21 +130,12 @@ class _Pending:
     trace: bool
 
 
-@dataclass(slots=True, eq=False)
-class _Slot:
-    """A context-window target cache kept for CUDA graphs, and the phases captured on it."""
-
-    cache: KVCache
-    phases: dict[tuple[str | None, TreeParams | None], Phases] = field(default_factory=dict)
-
-
 @dataclass(slots=True, eq=False)  # compared by identity
 class _Active:
     """A running request: its `Run` and where its decoding stands."""
 
     handle: Handle
     run: Run
-    slot: _Slot | None  # under CUDA graphs: the slot its cache is, returned when it leaves
     seq_len: int  # committed target rows
     state: EagleDraftInput | None = None  # EAGLE-3: the next draft's input
     token: torch.Tensor | None = None  # plain decoding: the last token [1], not yet in the cache
@@ -189,7 +175,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting: deque[_Pending] = deque()
         self._active: list[_Active] = []
-        self._free: list[_Slot] = []  # slots made and not leased (CUDA graphs)
+        self.phases = phases_for(engine, self.max_batch)  # leases caches, runs the phases
         self._ticking = False  # a `_tick` is queued on the executor or running
         self.steps = 0
 
@@ -292,44 +278,21 @@ class Scheduler:
         return admitted
 
     def _start(self, p: _Pending) -> _Active:
-        e = self.engine
-        n = len(p.prompt)
-        slot, cache, phases = self._lease(p)
+        slot, cache, draft_cache = self.phases.lease(len(p.prompt), p.params, p.tree, p.head)
         try:
-            run = Run(e, p.prompt, p.params, p.tree, p.head, p.trace, cache, phases)
+            run = Run(self.engine, p.prompt, p.params, p.tree, p.head, p.trace, cache,
+                      draft_cache, slot)
             root, ext = run.prefill()
         except BaseException:
-            if slot is not None:
-                self._free.append(slot)
+            self.phases.release(slot)
             raise
         p.handle.run = run
-        req = _Active(p.handle, run, slot, n, root=root)
+        req = _Active(p.handle, run, len(p.prompt), root=root)
         if run.draft_model is not None:
             req.ext = ext  # read at the next step, its first token out (`_read_prompts`)
         else:
             req.token = root
         return req
-
-    def _lease(self, p: _Pending) -> tuple[_Slot | None, KVCache, Phases]:
-        """The request's target cache and phases: under CUDA graphs a slot (a free one, or a
-        new one while fewer than `max_batch` exist) with the phases captured on it for this
-        head and tree; otherwise a cache sized to what the request can use."""
-        e = self.engine
-        key = (p.head, p.tree if p.head else None)
-        if e.graph_mode is GraphMode.EAGER:
-            width = p.tree.max_rows if p.head else 1
-            cache = e.target.new_cache(max_len=min(
-                e.config.max_len, len(p.prompt) + p.params.max_new_tokens + width + 2))
-            return None, cache, e.phases(p.head, p.tree, cache)
-        slot = self._free.pop() if self._free else _Slot(e.target.new_cache(
-            max_len=e.config.max_len))
-        if key not in slot.phases:
-            try:
-                slot.phases[key] = e.phases(p.head, p.tree, slot.cache)
-            except BaseException:
-                self._free.append(slot)
-                raise
-        return slot, slot.cache, slot.phases[key]
 
     def _end_at_context(self, running: list[_Active], step: _Step) -> list[_Active]:
         going = []
@@ -428,41 +391,20 @@ class Scheduler:
             self._deliver(it.req, it.req.run.iteration_event(it.got, spans, finished, timings,
                                                              batch=step.batch))
 
-    def _batched(self, n: int) -> bool:
-        """Whether `n` requests' phase is one batched eager forward: several requests without
-        CUDA graphs. Otherwise each request runs its own phase callables (`Run.phases`)."""
-        return n > 1 and self.engine.graph_mode is GraphMode.EAGER
-
     def _draft(self, model: object, group: list[_Iteration]) -> list[DraftTree]:
-        runs = [it.req.run for it in group]
-        if self._batched(len(group)):
-            return draft_levels(model, [it.req.state for it in group],
-                                [r.draft_cache for r in runs], [r.tree for r in runs])
-        return [r.phases.draft(model, it.req.state, r.draft_cache, r.tree)
-                for it, r in zip(group, runs)]
+        return self.phases.draft(model, [it.req.run for it in group],
+                                 [it.req.state for it in group])
 
     def _verify(self, eagle: list[_Iteration], plain: list[_Active]) -> list[TreeLogits]:
         """The target over every running request's rows: an EAGLE-3 request's tree, a plain
         request's next token (its logits only)."""
-        target = self.engine.target
-        if self._batched(len(eagle) + len(plain)):
-            rows = ([tree_rows(it.vin, it.req.run.cache) for it in eagle]
-                    + [decode_rows(r.token, r.seq_len, r.run.cache) for r in plain])
-            return target_many(target, rows, [it.req.run.aux_ids for it in eagle]
-                               + [() for _ in plain])
-        return ([it.req.run.phases.run_target(target, it.vin, it.req.run.cache,
-                                              it.req.run.aux_ids) for it in eagle]
-                + [TreeLogits(r.run.phases.decode(target, r.token, r.seq_len, r.run.cache),
-                              None) for r in plain])
+        return self.phases.verify(self.engine.target, [it.req.run for it in eagle],
+                                  [it.vin for it in eagle], [r.run for r in plain],
+                                  [r.token for r in plain], [r.seq_len for r in plain])
 
     def _extend(self, model: object, group: list[_Iteration], exts: list[EagleDraftExtendInput]
                 ) -> list[EagleDraftInput]:
-        runs = [it.req.run for it in group]
-        if self._batched(len(group)):
-            return extend_rows(model, exts, [r.draft_cache for r in runs],
-                               [r.tree.topk for r in runs])
-        return [r.phases.extend(model, ext, r.draft_cache, r.tree.topk)
-                for ext, r in zip(exts, runs)]
+        return self.phases.extend(model, [it.req.run for it in group], exts)
 
     @staticmethod
     def _by_head(items: list[_Iteration]) -> list[tuple[object, list[_Iteration]]]:
@@ -488,5 +430,4 @@ class Scheduler:
         self._active.remove(req)
         if keep:
             req.run.keep_prefix()
-        if req.slot is not None:
-            self._free.append(req.slot)
+        self.phases.release(req.run.slot)

@@ -30,9 +30,10 @@ import torch
 
 from . import kernels
 from .accept import commit, extend, extend_input, read_back
+from .batch_phases import EagerPhases, decode
 from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
                      TreeParams)
-from .cuda_graph import GraphMode, GraphPhases, Phases
+from .cuda_graph import GraphMode, GraphPhases
 from .draft import draft
 from .engine import EagleEngine
 from .hardware import cpu_model
@@ -150,95 +151,176 @@ def prefill_both(target: TargetModel, head: Eagle3Draft, target_caches: tuple[KV
     return states[0]
 
 
-def extend_every_padding(head: Eagle3Draft, runners: GraphPhases, caches: tuple[KVCache, KVCache],
-                         features: torch.Tensor, seq_len: int, diff: Diff) -> None:
-    """Extend with 1..num_steps+1 tokens (and back to 1) on both paths; caches restored after."""
-    eager_cache, static_cache = caches
+@dataclass(slots=True)
+class Seat:
+    """What the phase backends read of a request (`run.Run`'s fields of the same names)."""
+
+    head: str
+    tree: TreeParams
+    aux_ids: tuple[int, ...]
+    cache: KVCache
+    draft_cache: KVCache
+    slot: int | None = None
+
+
+@dataclass(slots=True)
+class ParityPair:
+    """One request on both paths: its own eager caches, and a slot of the graph backend's."""
+
+    eager: Seat
+    graph: Seat
+    state: EagleDraftInput  # the next draft's input (the eager path's)
+
+
+def graph_backend(target: TargetModel, head: Eagle3Draft, tree: TreeParams, mode: GraphMode,
+                  batch: int, seed: int, max_batch: int | None = None
+                  ) -> tuple[GraphPhases, list[ParityPair]]:
+    """A `GraphPhases` for `max_batch` (default `batch`) requests of `head`, and `batch` random
+    prompts prefilled into both paths' caches."""
+    K, S, L = tree.topk, tree.num_steps, target.max_len - 32
+    aux = head.cfg.resolve_aux_layer_ids(target.cfg)
+    backend = GraphPhases(target, {"head": head}, L, max_batch or batch, mode)
+    pairs = []
+    for b in range(batch):
+        slot, t_cache, d_cache = backend.lease(24, SamplingParams(), tree, "head")
+        eager = Seat("head", tree, aux, target.new_cache(max_len=L), head.new_cache(L + K * S))
+        graph = Seat("head", tree, aux, t_cache, d_cache, slot)
+        state = prefill_both(target, head, (eager.cache, t_cache), (eager.draft_cache, d_cache),
+                             K, seed + b)
+        pairs.append(ParityPair(eager, graph, state))
+    return backend, pairs
+
+
+def extend_every_padding(head: Eagle3Draft, backend: GraphPhases, pairs: list[ParityPair],
+                         features: list[torch.Tensor], diff: Diff) -> None:
+    """Extend every request with 1..max_depth+1 tokens (and back to 1) on both paths, each
+    request its own length; caches restored after."""
+    caches = [c for p in pairs for c in (p.eager.draft_cache, p.graph.draft_cache)]
     saved = [t.clone() for c in caches for layer in c.layers for t in layer]
-    steps, topk = runners.tree.num_steps, runners.tree.topk
-    for T in [*range(1, steps + 2), 1]:
-        rows = torch.arange(T, device=features.device) % features.shape[0]
-        ext = EagleDraftExtendInput((rows * 7 + 5) % head.cfg.vocab_size, features[rows], seq_len)
-        want = extend(head, ext, eager_cache, topk)
-        got = runners.extend(head, ext, static_cache, topk)
-        diff.exact(f"T={T} top-k ids", want.topk_ids, got.topk_ids)
-        diff.exact(f"T={T} root", want.root, got.root)
-        diff.exact(f"T={T} seq_len", want.seq_len, got.seq_len)
-        diff.close(f"T={T} top-k probs", want.topk_p, got.topk_p)
-        diff.close(f"T={T} hidden", want.hidden, got.hidden)
-        diff.caches(f"T={T} draft cache", eager_cache, static_cache, seq_len + T)
+    tree = pairs[0].eager.tree
+    T_max = tree.max_depth + 1
+    for T in [*range(1, T_max + 1), 1]:
+        exts = []
+        for b, (p, f) in enumerate(zip(pairs, features)):
+            n = (T + b - 1) % T_max + 1  # the requests at different paddings
+            rows = torch.arange(n, device=f.device) % f.shape[0]
+            exts.append(EagleDraftExtendInput((rows * 7 + 5 + b) % head.cfg.vocab_size, f[rows],
+                                              p.state.seq_len))
+        got = backend.extend(head, [p.graph for p in pairs], exts)
+        for p, ext, g in zip(pairs, exts, got):
+            want = extend(head, ext, p.eager.draft_cache, tree.topk)
+            n = ext.tokens.numel()
+            diff.exact(f"T={n} top-k ids", want.topk_ids, g.topk_ids)
+            diff.exact(f"T={n} root", want.root, g.root)
+            diff.exact(f"T={n} seq_len", want.seq_len, g.seq_len)
+            diff.close(f"T={n} top-k probs", want.topk_p, g.topk_p)
+            diff.close(f"T={n} hidden", want.hidden, g.hidden)
+            diff.caches(f"T={n} draft cache", p.eager.draft_cache, p.graph.draft_cache,
+                        ext.seq_len + n)
         for t, copy in zip((t for c in caches for layer in c.layers for t in layer), saved):
             t.copy_(copy)
 
 
 def phase_parity(target: TargetModel, head: Eagle3Draft, tree: TreeParams, mode: GraphMode,
-                 iterations: int = 6, seed: int = 0) -> list[Row]:
-    """Each phase through the runners (STATIC: static buffers replayed eagerly; GRAPHS: captured
-    CUDA graphs) against the eager phase function on the same inputs, iteration after iteration,
-    accepting 0..num_steps drafts in turn; the extend is also checked at every padding. Tokens,
-    trees and top-k ids must match exactly, floats to a dtype tolerance."""
-    K, S, L = tree.topk, tree.num_steps, target.max_len - 32
+                 iterations: int = 6, seed: int = 0, batch: int = 1,
+                 max_batch: int | None = None) -> list[Row]:
+    """Each phase for `batch` requests at once through `GraphPhases` (STATIC: the static
+    functions run eagerly; GRAPHS: captured CUDA graphs, padded to the batch's bucket) against
+    each request's eager phase function alone on the same inputs, iteration after iteration,
+    accepting 0..num_steps drafts in turn; the extend is also checked at every padding, and
+    plain decoding's step after the iterations. Tokens, trees and top-k ids must match exactly,
+    floats to a dtype tolerance. A phase that no graph served fails its row."""
     # bf16: attention over the whole cache (static) and over the live rows (eager) rounds
     # probabilities in different blocks, and random models amplify rounding (the tiny test
     # models' bf16 logits differ from their fp32 logits by ~0.5 of the max); a wrong cache row
     # or mask differs at that order, not at 1e-1
     tolerance = 5e-5 if target.dtype == torch.float32 else 1e-1
-    aux = head.cfg.resolve_aux_layer_ids(target.cfg)
-    t_eager, t_static = target.new_cache(max_len=L), target.new_cache(max_len=L)
-    runners = GraphPhases(target, t_static, head, tree, L + K * S)
-    if mode is GraphMode.GRAPHS:
-        runners.capture()
-    d_eager, d_static = head.new_cache(L + K * S), runners.draft_cache
-    state = prefill_both(target, head, (t_eager, t_static), (d_eager, d_static), K, seed)
+    backend, pairs = graph_backend(target, head, tree, mode, batch, seed, max_batch)
     diffs = {name: Diff(f"{name}: {mode.value} == eager", tolerance) for name in
-             ("draft decode", "verify", "commit", "draft extend", "extend paddings")}
+             ("draft decode", "verify", "commit", "draft extend", "extend paddings", "decode")}
     for it in range(iterations):
-        state = parity_step(target, head, tree, runners, (t_eager, t_static, d_eager, d_static),
-                            state, aux, it, diffs)
-    shape = f"K={K}, steps={S}, N={tree.num_draft_tokens}, {iterations} iterations"
+        parity_step(target, head, backend, pairs, it, diffs)
+    decode_parity(target, backend, pairs, diffs["decode"])
+    served = {key[0] for key, runner in backend.runners.items() if runner is not None}
+    wanted = {"verify", "extend", "decode"} | ({"draft"} if tree.num_steps > 1 else set())
+    if served != wanted:
+        diffs["verify"].failures.append(f"graphs served {sorted(served)}, not {sorted(wanted)}")
+    shape = (f"K={tree.topk}, steps={tree.num_steps}, N={tree.num_draft_tokens}, {batch} of "
+             f"{backend.max_batch} slots, {iterations} iterations")
     return [d.row(shape) for d in diffs.values()]
 
 
-def parity_step(target: TargetModel, head: Eagle3Draft, tree: TreeParams, runners: GraphPhases,
-                caches: tuple[KVCache, KVCache, KVCache, KVCache], state: EagleDraftInput,
-                aux: tuple[int, ...], it: int, diffs: dict[str, Diff]) -> EagleDraftInput:
-    """One iteration on both paths from the same draft input; -> the eager path's next input.
-    The accepted path is forced to depth `it % (num_steps+1)` (or the deepest node there is),
-    so the extend sees every padding across iterations."""
-    t_eager, t_static, d_eager, d_static = caches
-    drafted = draft(head, state, d_eager, tree)
-    got_tree = runners.draft(head, state, d_static, tree)
+def parity_step(target: TargetModel, head: Eagle3Draft, backend: GraphPhases,
+                pairs: list[ParityPair], it: int, diffs: dict[str, Diff]) -> None:
+    """One iteration of every request on both paths from the same draft input; each pair's
+    state moves to the eager path's next input. Request b's accepted path is forced to depth
+    `(it + b) % (num_steps+1)` (or the deepest node there is), so the extend sees every padding
+    across iterations and the batch mixes them."""
+    tree = pairs[0].eager.tree
+    seats = [p.graph for p in pairs]
+    drafted = [draft(head, p.state, p.eager.draft_cache, tree) for p in pairs]
+    got_trees = backend.draft(head, seats, [p.state for p in pairs])
     d = diffs["draft decode"]
-    d.exact("tree tokens", drafted.tokens, got_tree.tokens)
-    d.exact("tree parents", drafted.parents, got_tree.parents)
-    d.close("path scores", drafted.scores, got_tree.scores)
-    vin = build_tree(drafted, state.root, state.seq_len, tree)
-    want_t, got_t = run_target(target, vin, t_eager, aux), runners.run_target(target, vin,
-                                                                               t_static, aux)
+    for want, got in zip(drafted, got_trees):
+        d.exact("tree tokens", want.tokens, got.tokens)
+        d.exact("tree parents", want.parents, got.parents)
+        d.close("path scores", want.scores, got.scores)
+    vins = [build_tree(t, p.state.root, p.state.seq_len, tree) for t, p in zip(drafted, pairs)]
+    wants = [run_target(target, vin, p.eager.cache, p.eager.aux_ids)
+             for vin, p in zip(vins, pairs)]
+    gots = backend.verify(target, seats, vins, [], [], [])
     d = diffs["verify"]
-    d.exact("target argmax", want_t.logits.argmax(-1), got_t.logits.argmax(-1))
-    d.close("logits", want_t.logits, got_t.logits)
-    d.close("features", want_t.features, got_t.features)
+    for want, got in zip(wants, gots):
+        d.exact("target argmax", want.logits.argmax(-1), got.logits.argmax(-1))
+        d.close("logits", want.logits, got.logits)
+        d.close("features", want.features, got.features)
     if it == 0:
-        extend_every_padding(head, runners, (d_eager, d_static), want_t.features, state.seq_len,
+        extend_every_padding(head, backend, pairs, [w.features for w in wants],
                              diffs["extend paddings"])
-    depth = min(it % (tree.num_steps + 1), int(vin.depth.max()))
-    node = (vin.depth == depth).nonzero()[0]  # [1] the first node at that depth
-    vout = accepted_path(vin, node, want_t.logits[node].argmax(-1))
-    for cache in (t_eager, t_static):
-        commit(vin, vout, cache)
-    diffs["commit"].caches("target cache", t_eager, t_static, state.seq_len + depth + 1)
-    want = extend(head, extend_input(vin, vout, depth, want_t.features), d_eager, tree.topk)
-    got = runners.extend(head, extend_input(vin, vout, depth, got_t.features), d_static,
-                         tree.topk)
+    exts_eager, exts_graph = [], []
+    for b, (p, vin, want, got) in enumerate(zip(pairs, vins, wants, gots)):
+        depth = min((it + b) % (tree.num_steps + 1), int(vin.depth.max()))
+        node = (vin.depth == depth).nonzero()[0]  # [1] the first node at that depth
+        vout = accepted_path(vin, node, want.logits[node].argmax(-1))
+        for cache in (p.eager.cache, p.graph.cache):
+            commit(vin, vout, cache)
+        diffs["commit"].caches("target cache", p.eager.cache, p.graph.cache,
+                               p.state.seq_len + depth + 1)
+        exts_eager.append(extend_input(vin, vout, depth, want.features))
+        exts_graph.append(extend_input(vin, vout, depth, got.features))
+    got_states = backend.extend(head, seats, exts_graph)
     d = diffs["draft extend"]
-    d.exact("top-k ids", want.topk_ids, got.topk_ids)
-    d.exact("root", want.root, got.root)
-    d.exact("seq_len", want.seq_len, got.seq_len)
-    d.close("top-k probs", want.topk_p, got.topk_p)
-    d.close("hidden", want.hidden, got.hidden)
-    d.caches("draft cache", d_eager, d_static, want.seq_len)
-    return want
+    for b, (p, ext, got) in enumerate(zip(pairs, exts_eager, got_states)):
+        want = extend(head, ext, p.eager.draft_cache, tree.topk)
+        d.exact("top-k ids", want.topk_ids, got.topk_ids)
+        d.exact("root", want.root, got.root)
+        d.exact("seq_len", want.seq_len, got.seq_len)
+        d.close("top-k probs", want.topk_p, got.topk_p)
+        d.close("hidden", want.hidden, got.hidden)
+        d.caches("draft cache", p.eager.draft_cache, p.graph.draft_cache, want.seq_len)
+        p.state = want
+
+
+def decode_parity(target: TargetModel, backend: GraphPhases, pairs: list[ParityPair],
+                  diff: Diff, steps: int = 3) -> None:
+    """Plain decoding's step for every request at once through the backend against
+    `batch_phases.decode` alone, from each request's committed rows."""
+    tokens = [p.state.root for p in pairs]
+    seq_lens = [p.state.seq_len for p in pairs]
+    for _ in range(steps):
+        wants = [decode(target, tok, n, p.eager.cache)
+                 for tok, n, p in zip(tokens, seq_lens, pairs)]
+        gots = backend.verify(target, [], [], [p.graph for p in pairs], tokens, seq_lens)
+        for want, got, n, p in zip(wants, gots, seq_lens, pairs):
+            if target.dtype == torch.float32:
+                diff.exact("argmax", want.argmax(-1), got.logits.argmax(-1))
+            else:  # a near-tie may round either way: the graph's choice is as likely to rounding
+                diff.close("argmax's logit", want.amax(-1),
+                           want.gather(-1, got.logits.argmax(-1, keepdim=True))[:, 0])
+            diff.close("logits", want, got.logits)
+            diff.caches("target cache", p.eager.cache, p.graph.cache, n + 1)
+        tokens = [w.argmax(-1) for w in wants]
+        seq_lens = [n + 1 for n in seq_lens]
 
 
 # ---------------------------------------------------------------- engine, syncs, throughput
@@ -290,33 +372,36 @@ def sync_debug(mode: str) -> Iterator[None]:
 
 
 def check_no_sync(target: TargetModel, head: Eagle3Draft, tree: TreeParams) -> Row:
-    """One EAGLE iteration through the captured graphs under set_sync_debug_mode('error'):
-    draft, build_tree, verify, greedy acceptance and commit (with the tree_build, verify_greedy
-    and kv_compact kernels), then, after `read_back` (the iteration's one sync), the extend."""
-    K, S, L = tree.topk, tree.num_steps, target.max_len - 32
-    t_cache = target.new_cache(max_len=L)
-    runners = GraphPhases(target, t_cache, head, tree, L + K * S)
-    runners.capture()
-    d_cache = runners.draft_cache
-    aux = runners.aux_layer_ids
-    state = prefill_both(target, head, (t_cache,), (d_cache,), K, seed=1)
+    """An EAGLE iteration of two requests through the captured graphs (a first, unguarded
+    iteration captures them) under set_sync_debug_mode('error'): draft, build_tree, verify,
+    greedy acceptance and commit (with the tree_build, verify_greedy and kv_compact kernels),
+    then, after `read_back` (the iteration's one sync), the extend."""
+    backend, pairs = graph_backend(target, head, tree, GraphMode.GRAPHS, 2, seed=1)
+    seats = [p.graph for p in pairs]
     ops = kernels.step_ops(target.device, cpp=False)  # the engine's on CUDA: Triton
-    torch.cuda.synchronize()
-    try:
-        with sync_debug("error"):
-            drafted = runners.draft(head, state, d_cache, tree)
-            vin = build_tree(drafted, state.root, state.seq_len, tree, ops)
-            verified = runners.run_target(target, vin, t_cache, aux)
-            vout = greedy_acceptance(vin, verified.logits, ops)
-            commit(vin, vout, t_cache, ops)
-        got = read_back(vin, vout, trace=True)
-        with sync_debug("error"):
-            runners.extend(head, extend_input(vin, vout, got.num_accepted, verified.features),
-                           d_cache, tree.topk)
-    except RuntimeError as e:
-        return Row("no host sync in an iteration but read_back", "FAIL", str(e)[:120], False)
+    for guarded in (False, True):
+        torch.cuda.synchronize()
+        mode = "error" if guarded else "default"
+        try:
+            with sync_debug(mode):
+                drafted = backend.draft(head, seats, [p.state for p in pairs])
+                vins = [build_tree(t, p.state.root, p.state.seq_len, tree, ops)
+                        for t, p in zip(drafted, pairs)]
+                verified = backend.verify(target, seats, vins, [], [], [])
+                vouts = [greedy_acceptance(vin, v.logits, ops) for vin, v in zip(vins, verified)]
+                for vin, vout, seat in zip(vins, vouts, seats):
+                    commit(vin, vout, seat.cache, ops)
+            got = [read_back(vin, vout, trace=True) for vin, vout in zip(vins, vouts)]
+            with sync_debug(mode):
+                states = backend.extend(head, seats, [
+                    extend_input(vin, vout, g.num_accepted, v.features)
+                    for vin, vout, g, v in zip(vins, vouts, got, verified)])
+        except RuntimeError as e:
+            return Row("no host sync in an iteration but read_back", "FAIL", str(e)[:120], False)
+        for p, state in zip(pairs, states):
+            p.state = state
     return Row("no host sync in an iteration but read_back", "PASS",
-               "graphed draft, verify, extend; build_tree, acceptance, commit", True)
+               "graphed draft, verify, extend of 2 requests; build_tree, acceptance, commit", True)
 
 
 def gpu_checks() -> list[Row]:
@@ -327,6 +412,8 @@ def gpu_checks() -> list[Row]:
     with torch.inference_mode():
         target, head = tiny_models(dev)
         rows += phase_parity(target, head, TINY_TREE, GraphMode.GRAPHS)
+        rows += [replace(r, check=f"3 requests in a bucket of 4: {r.check}") for r in phase_parity(
+            target, head, TINY_TREE, GraphMode.GRAPHS, batch=3, max_batch=4)]
         rows += [replace(r, check=f"EAGLE-3.1 head: {r.check}") for r in phase_parity(
             *tiny_models(dev, recipe=EAGLE31), TINY_TREE, GraphMode.GRAPHS)]
         rows.append(check_no_sync(target, head, TINY_TREE))
@@ -338,7 +425,8 @@ def gpu_checks() -> list[Row]:
 
 
 GPU_CHECKS = ("Triton kernels on the device == their torch references",
-              "every phase replayed as a CUDA graph == the eager phase (all extend paddings)",
+              "every phase replayed as a CUDA graph == the eager phase (all extend paddings), "
+              "for 1 request and for 3 in a bucket of 4",
               "no host sync in an iteration but read_back (set_sync_debug_mode('error'))",
               "engine output with graphs == without (tiny model and --target)")
 
@@ -387,26 +475,23 @@ class Budget:
                 "reason": f"time budget spent (--time-budget-s {self.seconds:g})"}
 
 
-def synchronized(phases: Phases) -> Phases:
-    """`phases` with a device synchronize after each call (CUDA)."""
-    def synced(fn: Callable) -> Callable:
-        def call(*args: Any) -> Any:
+def synchronize_phases(phases: EagerPhases) -> None:
+    """Makes the backend `phases` synchronize the device after each phase call (CUDA)."""
+    for name in ("draft", "verify", "extend"):
+        def call(*args: Any, fn: Callable = getattr(phases, name)) -> Any:
             out = fn(*args)
             torch.cuda.synchronize()
             return out
-        return call
-
-    return dataclasses.replace(phases, draft=synced(phases.draft),
-                               run_target=synced(phases.run_target),
-                               extend=synced(phases.extend), decode=synced(phases.decode))
+        setattr(phases, name, call)
 
 
 class PhaseTimedEngine(EagleEngine):
     """Synchronizes the device after every phase, so that the engine's clock times each phase's
     own device work on CUDA (for milliseconds per phase only: the syncs slow it down)."""
 
-    def phases(self, head: str | None, tree: TreeParams, cache: KVCache) -> Phases:
-        return synchronized(super().phases(head, tree, cache))
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        synchronize_phases(self.scheduler.phases)
 
 
 def time_prompts(engine: EagleEngine, head: str | None, tree: TreeParams,

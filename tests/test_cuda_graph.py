@@ -17,37 +17,39 @@ import torch
 
 from eagle_engine import cuda_graph
 from eagle_engine.accept import extend
+from eagle_engine.batch_phases import EagerPhases
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.cuda_graph import (
-    EAGER_PHASES,
-    CaptureHidden,
     DecodeRunner,
-    DraftDecodeRunner,
-    DraftExtendRunner,
+    DraftRunner,
+    ExtendRunner,
     GraphMode,
     GraphPhases,
     VerifyRunner,
-    decode,
+    block_mask,
+    bucket_for,
+    buckets,
     graph_mode,
 )
-from eagle_engine.draft import draft
 from eagle_engine.engine import EagleEngine
-from eagle_engine.io_struct import EagleDraftExtendInput, EagleVerifyInput
+from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from eagle_engine.kernels import reference
-from eagle_engine.kv_cache import causal_mask
+from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.scheduler import Scheduler
 from eagle_engine.selfcheck import (
     EAGLE31,
     TINY_TREE,
     IdTokenizer,
+    Seat,
     batch_parity,
     check_no_sync,
     engine_pair,
     engine_parity,
+    graph_backend,
     phase_parity,
-    prefill_both,
     tiny_models,
 )
+from eagle_engine.verify import run_target
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 TREES = [TINY_TREE, TreeParams(1, 3, 4), TreeParams(8, 6, 32), TreeParams(2, 1, 3),
@@ -75,7 +77,7 @@ def failures(rows: list) -> list:
 def test_static_phases_equal_eager_phases(tree: TreeParams, dtype: torch.dtype) -> None:
     target, head = tiny_models("cpu", dtype)
     rows = phase_parity(target, head, tree, GraphMode.STATIC)
-    assert len(rows) == 5 and failures(rows) == []
+    assert len(rows) == 6 and failures(rows) == []
 
 
 @pytest.mark.parametrize("tree", EAGLE31_TREES, ids=["tiny", "K2-S2-N6-ctx"])
@@ -84,84 +86,123 @@ def test_static_phases_equal_eager_phases_for_an_eagle31_head(tree: TreeParams) 
     target, head = tiny_models("cpu", recipe=EAGLE31)
     assert head.cfg.fc_norm and head.cfg.norm_output
     rows = phase_parity(target, head, tree, GraphMode.STATIC)
-    assert len(rows) == 5 and failures(rows) == []
+    assert len(rows) == 6 and failures(rows) == []
+
+
+@pytest.mark.parametrize("batch,max_batch", [(2, 2), (3, 4), (4, 8)])
+@pytest.mark.parametrize("tree", [TINY_TREE, TreeParams(2, 2, 6, context_drafts=True)],
+                         ids=["tiny", "K2-S2-N6-ctx"])
+def test_static_phases_of_a_padded_batch_equal_each_request_alone(
+        tree: TreeParams, batch: int, max_batch: int) -> None:
+    """Several requests replay one static function per phase, padded to their bucket: each gets
+    its own eager phase's tokens, floats and cache rows, the pad rows touching no request's."""
+    target, head = tiny_models("cpu")
+    rows = phase_parity(target, head, tree, GraphMode.STATIC, batch=batch, max_batch=max_batch)
+    assert len(rows) == 6 and failures(rows) == []
+
+
+def test_buckets() -> None:
+    assert buckets(1) == [1] and buckets(4) == [1, 2, 4] and buckets(6) == [1, 2, 4, 6]
+    assert [bucket_for(n, 6) for n in range(1, 7)] == [1, 2, 4, 4, 6, 6]
+
+
+def backend(max_batch: int = 2, tree: TreeParams = HEAD_TREE
+            ) -> tuple[GraphPhases, list[Seat], Eagle3Draft]:
+    target, head = tiny_models("cpu")
+    phases, pairs = graph_backend(target, head, tree, GraphMode.STATIC, max_batch, seed=3)
+    return phases, [p.graph for p in pairs], head
 
 
 def test_extend_prepare_pads_copies_and_masks() -> None:
-    target, head = tiny_models("cpu")
-    runners = GraphPhases(target, target.new_cache(max_len=64), head, HEAD_TREE, 96)
-    runner = runners.runners["extend"][1]
-    width = runner.buffers.hidden.shape[1]
+    phases, seats, head = backend()
+    pool = phases.draft_pools["head"]
+    runner = ExtendRunner(head, phases.target, pool, HEAD_TREE, 2)
+    width = runner.buffers.hidden.shape[-1]
     for T in (2, 5, 1):  # grow to the full width, then shrink: stale rows must not survive
         tokens = torch.arange(10, 10 + T)
         hidden = torch.randn(T, width)
-        runner.replay_prepare(EagleDraftExtendInput(tokens, hidden, 30))
+        runner.prepare(1, EagleDraftExtendInput(tokens, hidden, 30))
         b, pad = runner.buffers, 5 - T
-        assert b.ids.tolist() == [0] * pad + tokens.tolist()
-        assert torch.equal(b.hidden[:pad], torch.zeros(pad, width))
-        assert torch.equal(b.hidden[pad:], hidden)
-        real_rows, pad_rows = list(range(30, 30 + T)), list(range(30 + T, 35))
-        assert b.cache_rows.tolist() == pad_rows + real_rows
-        assert torch.equal(b.positions, b.cache_rows)
-        assert torch.equal(b.mask, torch.arange(96)[None, :] <= b.cache_rows[:, None])
-        assert not b.mask[pad:, 30 + T:].any()  # no real row sees a pad row
+        assert b.ids[1].tolist() == [0] * pad + tokens.tolist()
+        assert torch.equal(b.hidden[1, :pad], torch.zeros(pad, width))
+        assert torch.equal(b.hidden[1, pad:], hidden)
+        assert (30 + b.offsets[1]).tolist() == list(range(30 + T, 35)) + list(range(30, 30 + T))
+        assert b.seq_len[1] == 30
+    assert b.slots.tolist() == [pool.scratch] * 2  # as allocated: padding on the scratch row
 
 
-def test_verify_prepare_builds_whole_cache_tree_mask() -> None:
-    target, _ = tiny_models("cpu")
-    runner = VerifyRunner(target, target.new_cache(max_len=64), 6, ())
-    parents = torch.tensor([-1, 0, 0, 1, 2, 3])
+def test_block_mask_places_each_requests_block_after_its_committed_rows() -> None:
+    cols = torch.arange(12)
+    block = torch.tensor([[[True, False, False], [True, True, False]],
+                          [[True, False, True], [False, True, False]]])  # [B=2, T=2, W=3]
+    mask = block_mask(cols, torch.tensor([2, 6]), block)
+    assert mask.shape == (2, 2, 12)
+    assert mask[0, :, :2].all() and torch.equal(mask[0, :, 2:5], block[0])
+    assert not mask[0, :, 5:].any()
+    assert mask[1, :, :6].all() and torch.equal(mask[1, :, 6:9], block[1])
+    assert not mask[1, :, 9:].any()
+
+
+def test_verify_pads_a_smaller_tree_and_the_batch() -> None:
+    """A tree of 4 nodes in a graph of 6 (its pad nodes see only themselves and the committed
+    rows), one request in a bucket of 2 (the other row writes the scratch row only)."""
+    phases, seats, _ = backend()
+    runner = VerifyRunner(phases.target, phases.pool, 6, (), 2)
+    parents = torch.tensor([-1, 0, 0, 1])
     depth, ancestors, retrieve = reference.build_tree_from_parents(parents, 3)
-    runner.replay_prepare(EagleVerifyInput(torch.arange(6) + 3, parents, depth, ancestors,
-                                           retrieve, 20, torch.ones(6), torch.zeros_like(parents)))
+    vin = EagleVerifyInput(torch.arange(4) + 3, parents, depth, ancestors, retrieve, 20,
+                           torch.ones(4), torch.zeros_like(parents))
+    before = phases.pool.data[seats[1].slot].clone()
+    eager = phases.target.new_cache(max_len=phases.pool.max_len)
+    eager.data.copy_(seats[0].cache.data)  # the request's committed rows
+    (out,) = runner([vin], [seats[0].slot])
     b = runner.buffers
-    assert b.mask[:, :20].all() and not b.mask[:, 26:].any()
-    assert torch.equal(b.mask[:, 20:26], ancestors)
-    assert b.positions.tolist() == (20 + depth).tolist()
-    assert b.cache_rows.tolist() == list(range(20, 26))
+    assert out.logits.shape == (4, phases.target.cfg.vocab_size)
+    assert b.ids[0].tolist() == [3, 4, 5, 6, 0, 0] and b.offsets[0].tolist() == [0, 1, 1, 2, 0, 0]
+    assert torch.equal(b.ancestors[0, :4, :4], ancestors)
+    assert torch.equal(b.ancestors[0, 4:], torch.eye(6, dtype=torch.bool)[4:])
+    assert b.slots.tolist() == [seats[0].slot, phases.pool.scratch]
+    assert torch.equal(phases.pool.data[seats[1].slot], before)  # no other request's rows
+    want = run_target(phases.target, vin, eager, ())
+    assert torch.equal(want.logits.argmax(-1), out.logits.argmax(-1))
+    torch.testing.assert_close(out.logits, want.logits, rtol=0,
+                               atol=5e-5 * want.logits.abs().max().item())
 
 
-def test_decode_runner_equals_the_baseline_step() -> None:
-    target, _ = tiny_models("cpu")
-    eager_cache, static_cache = target.new_cache(max_len=64), target.new_cache(max_len=64)
-    runner = DecodeRunner(target, static_cache)
-    prompt = torch.arange(3, 13)
-    for cache in (eager_cache, static_cache):
-        out = target(prompt[None], torch.arange(10)[None], cache, 0, causal_mask(10, 0, "cpu"))
-    token = out.logits[0, -1:].argmax(-1)  # [1]
-    for seq in range(10, 20):
-        want = decode(target, token, seq, eager_cache)
-        got = runner((token, seq))
-        assert want.shape == got.shape == (1, target.cfg.vocab_size)
-        assert torch.equal(want.argmax(-1), got.argmax(-1))
-        # floats to rounding relative to the largest logit, as `selfcheck.phase_parity` compares
-        torch.testing.assert_close(got, want, rtol=0, atol=5e-5 * want.abs().max().item())
-        token = want.argmax(-1)
-
-
-def test_fallback_to_eager_when_the_call_does_not_fit() -> None:
-    target, head = tiny_models("cpu")
+def test_phases_fall_back_to_eager_where_no_graph_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step cut (the host decides the levels), a head whose weights moved after capture and
+    an extend longer than the graph run the eager phases, only for the requests concerned."""
+    phases, seats, head = backend()
     K, S = HEAD_TREE.topk, HEAD_TREE.num_steps
-    runners = GraphPhases(target, target.new_cache(max_len=96), head, HEAD_TREE, 96 + K * S)
-    state = prefill_both(target, head, (runners.runners["verify"][1].cache,),
-                         (runners.draft_cache,), K, seed=3)
+    calls: list[str] = []
+    for name in ("draft", "extend"):
+        monkeypatch.setattr(EagerPhases, name, lambda self, model, runs, inputs, name=name,
+                            real=getattr(EagerPhases, name): (
+                                calls.append(f"{name} x{len(runs)}"),
+                                real(self, model, runs, inputs))[1])
+    states = [draft_input(head, seat) for seat in seats]
+    trees = phases.draft(head, seats, states)
+    assert calls == [] and len(trees) == 2
+    cut = replace(seats[0], tree=replace(HEAD_TREE, step_cut=0.5))
+    mixed = phases.draft(head, [cut, seats[1]], states)
+    assert calls == ["draft x1"]  # the step-cut request alone
+    assert torch.equal(mixed[1].tokens, trees[1].tokens)
+    width = phases.runners[("draft", "head", K, S, 1)].buffers.hidden.shape[-1]
     long_ext = EagleDraftExtendInput(torch.arange(3, 3 + S + 2), torch.randn(
-        S + 2, runners.runners["extend"][1].buffers.hidden.shape[1]), state.seq_len)
-    assert not runners.runners["extend"][1].fits(long_ext)  # longer than num_steps + 1
-    eager_cache = head.new_cache(96 + K * S)
-    for layer, bound in zip(eager_cache.layers, runners.draft_cache.layers):
-        for t, b in zip(layer, bound):
-            t.copy_(b)
-    want = extend(head, long_ext, eager_cache, K)
-    got = runners.extend(head, long_ext, runners.draft_cache, K)
-    assert torch.equal(want.topk_p, got.topk_p) and torch.equal(want.hidden, got.hidden)
-    other = head.new_cache(96 + K * S)  # a cache the runners were not built on
-    assert runners._runner("draft", head, other, state) is None
-    assert runners._runner("draft", head, runners.draft_cache, state) is not None
-    head.lm_head.weight = torch.nn.Parameter(head.lm_head.weight.clone())  # rebound after capture
-    assert runners._runner("draft", head, runners.draft_cache, state) is None
-    tree = runners.draft(head, state, runners.draft_cache, HEAD_TREE)
-    assert torch.equal(tree.tokens, draft(head, state, runners.draft_cache, HEAD_TREE).tokens)
+        S + 2, 3 * width), states[0].seq_len)
+    (got,) = phases.extend(head, seats[:1], [long_ext])
+    assert calls == ["draft x1", "extend x1"]  # longer than num_steps + 1
+    assert got.seq_len == states[0].seq_len + S + 2
+    head.lm_head.weight = torch.nn.Parameter(head.lm_head.weight.clone())  # rebound
+    phases.draft(head, seats, states)
+    assert calls == ["draft x1", "extend x1", "draft x2"]
+
+
+def draft_input(head: Eagle3Draft, seat: Seat) -> EagleDraftInput:
+    """The draft input after an extend over 3 committed rows of `seat`'s draft cache."""
+    width = EagleDraftExtendInput.hidden_size_for(head.cfg)
+    ext = EagleDraftExtendInput(torch.arange(3, 6), torch.randn(3, width), 0)
+    return extend(head, ext, seat.draft_cache, seat.tree.topk)
 
 
 def static_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,41 +217,49 @@ def test_engine_static_path_equals_eager(monkeypatch: pytest.MonkeyPatch) -> Non
     target, head = tiny_models("cpu")
     eager, static = engine_pair(target, IdTokenizer(), {"tiny": head},
                                 EngineConfig(dtype="fp32", max_len=192))
-    cache = target.new_cache(max_len=192)
-    assert static.phases("tiny", TINY_TREE, cache).mode is GraphMode.STATIC
-    assert eager.phases("tiny", TINY_TREE, cache) is EAGER_PHASES
+    assert isinstance(static.scheduler.phases, GraphPhases)
+    assert type(eager.scheduler.phases) is EagerPhases
     rows = engine_parity((eager, static), "tiny", list(range(3, 40)), TINY_TREE, 60)
     assert len(rows) == 2 and failures(rows) == []
     prompts = [list(range(3, 40)), list(range(5, 30)), list(range(7, 50))]
     assert failures(batch_parity((eager, static), "tiny", prompts, TINY_TREE, 40)) == []
 
 
-def test_the_apps_request_path_runs_graph_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_the_apps_request_path_runs_one_graph_per_phase_for_the_batch(
+        monkeypatch: pytest.MonkeyPatch, max_batch: int) -> None:
     """Under graphs, requests stepped together by a scheduler on an executor (the app's path)
-    run every phase through the runners on their slot's cache: the eager functions run only
-    the draft extend over each prompt (wider than the extend's graph); slots are reused, at
-    most `max_batch` of them."""
+    run every phase through the runners, all of a step's requests of one head and tree in one
+    call padded to its bucket: the eager phases run only the draft extend over each prompt
+    (wider than the extend's graph, `run.extend`). Slots are reused, at most `max_batch`; the
+    answers equal the eager engine's."""
     static_graphs(monkeypatch)
     target, head = tiny_models("cpu")
-    engine = EagleEngine(target, IdTokenizer(), {"tiny": head},
-                         EngineConfig(dtype="fp32", max_len=192, max_batch=2))
-    called = []
-    for cls in (DraftDecodeRunner, VerifyRunner, DraftExtendRunner, DecodeRunner):
-        monkeypatch.setattr(cls, "__call__", lambda self, inp, real=cls.__call__: (
-            called.append(type(self).__name__), real(self, inp))[1])
-    eager = []
-    for fn in ("draft", "run_target", "extend", "decode"):
-        monkeypatch.setattr(cuda_graph, fn, lambda *a, real=getattr(cuda_graph, fn), name=fn: (
-            eager.append((name, a[1].tokens.numel() if name == "extend" else 0)), real(*a))[1])
-    scheduler = Scheduler(engine, executor=ThreadPoolExecutor(1))
+    config = EngineConfig(dtype="fp32", max_len=192, max_batch=max_batch)
+    engine = EagleEngine(target, IdTokenizer(), {"tiny": head}, config)
+    eager = EagleEngine(target, IdTokenizer(), {"tiny": head}, replace(config, cuda_graphs=False))
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    handles = [scheduler.submit(list(range(3 + i, 30)), params, TINY_TREE, h)
-               for i in range(3) for h in ("tiny", None)]
-    assert all(len(list(h.events())) > 1 for h in handles)
-    assert set(called) == {"DraftDecodeRunner", "VerifyRunner", "DraftExtendRunner",
-                           "DecodeRunner"}
-    assert sorted(eager) == [("extend", 27 - i) for i in range(3)][::-1], eager  # the prompts
-    assert len(scheduler._free) == 2 and not scheduler.busy
+    requests = [(list(range(3 + i, 30)), h) for i in range(3) for h in ("tiny", None)]
+    want = [eager.generate(p, params, TINY_TREE, h).token_ids for p, h in requests]
+    called: list[tuple[str, int, int]] = []  # runner, requests, bucket
+    for cls in (DraftRunner, VerifyRunner, ExtendRunner, DecodeRunner):
+        monkeypatch.setattr(cls, "__call__", lambda self, inp, slots, real=cls.__call__: (
+            called.append((type(self).__name__, len(inp), self.buffers.batch)),
+            real(self, inp, slots))[1])
+    eager_calls = []
+    for fn in ("draft", "verify", "extend"):
+        monkeypatch.setattr(EagerPhases, fn, lambda *a, name=fn: eager_calls.append(name))
+    scheduler = Scheduler(engine, executor=ThreadPoolExecutor(1))
+    handles = [scheduler.submit(p, params, TINY_TREE, h) for p, h in requests]
+    answers = [[t.token_id for ev in hd.events() for t in ev.tokens] for hd in handles]
+    assert answers == want
+    assert {c[0] for c in called} == {"DraftRunner", "VerifyRunner", "ExtendRunner",
+                                      "DecodeRunner"}
+    assert eager_calls == []
+    assert all(n <= bucket == bucket_for(n, max_batch) for _, n, bucket in called)
+    if max_batch > 1:  # several requests shared a replay
+        assert max(n for _, n, _ in called) == 2  # two EAGLE-3 and two plain at a time
+    assert sorted(scheduler.phases.free) == list(range(max_batch)) and not scheduler.busy
 
 
 def test_cpu_engine_keeps_the_eager_path() -> None:
@@ -219,22 +268,7 @@ def test_cpu_engine_keeps_the_eager_path() -> None:
     assert graph_mode(False, torch.device("cuda")) is GraphMode.EAGER
     target, head = tiny_models("cpu")
     engine = engine_pair(target, IdTokenizer(), {"tiny": head}, EngineConfig(max_len=64))[1]
-    phases = engine.phases("tiny", TINY_TREE, target.new_cache(max_len=64))
-    assert phases is EAGER_PHASES and phases.draft is draft and phases.draft_cache is None
-
-
-def test_capture_hidden_modes() -> None:
-    h = torch.arange(12.0).view(3, 4)
-    assert CaptureHidden.NONE.select(h) is None
-    assert torch.equal(CaptureHidden.LAST.select(h), h[-1])
-    assert torch.equal(CaptureHidden.FULL.select(h), h)
-    target, head = tiny_models("cpu")
-    runners = GraphPhases(target, target.new_cache(max_len=64), head, TINY_TREE, 96).runners
-    modes = {name: runner.capture_hidden for name, (_, runner) in runners.items()}
-    assert modes == {"verify": CaptureHidden.FULL, "draft": CaptureHidden.NONE,
-                     "extend": CaptureHidden.LAST}
-    verify_out = runners["verify"][1](runners["verify"][1].dummy_input())
-    assert verify_out.features.shape == (TINY_TREE.num_draft_tokens, 3 * 32)
+    assert type(engine.scheduler.phases) is EagerPhases
 
 
 @pytest.mark.cuda
@@ -265,9 +299,9 @@ def test_engine_uses_graphs_by_default_on_cuda_and_matches_eager() -> None:
     target, head = tiny_models("cuda")
     engines = engine_pair(target, IdTokenizer(), {"tiny": head},
                           EngineConfig(dtype="fp32", device="cuda", max_len=192))
-    cache = target.new_cache(max_len=192)
-    assert engines[1].phases("tiny", TINY_TREE, cache).mode is GraphMode.GRAPHS
-    assert engines[1].phases(None, TINY_TREE, cache).mode is GraphMode.GRAPHS
+    assert engines[1].scheduler.phases.mode is GraphMode.GRAPHS
     assert failures(engine_parity(engines, "tiny", list(range(3, 40)), TINY_TREE, 60)) == []
     prompts = [list(range(3 + i, 40)) for i in range(2)]  # B = 4: two prompts, EAGLE and plain
     assert failures(batch_parity(engines, "tiny", prompts, TINY_TREE, 60)) == []
+    runners = engines[1].scheduler.phases.runners
+    assert {key[-1] for key in runners} >= {1, 2} and all(runners.values())  # captured buckets

@@ -110,20 +110,21 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
 
     tree = TreeParams(2, 2, 4)
     assert tree.context_drafts
-    phases = engine.phases("aux", tree, engine.target.new_cache(max_len=8))
+    phases = engine.scheduler.phases
     events: list = []
     seen_at: list[int] = []  # events out when each extend began
     indexed_at: list[int] = []  # events out when the context's index was built
 
-    def extend(*args):  # noqa: ANN002, ANN202
+    def extend(*args, real: Callable):  # noqa: ANN002, ANN202
         seen_at.append(len(events))
-        return phases.extend(*args)
+        return real(*args)
 
     def index(tokens: list[int]) -> run_mod.ContextIndex:
         indexed_at.append(len(events))
         return real_index(tokens)
     real_index = run_mod.ContextIndex
-    monkeypatch.setattr(engine, "phases", lambda head, t, cache: replace(phases, extend=extend))
+    monkeypatch.setattr(run_mod, "extend", lambda *a, real=run_mod.extend: extend(*a, real=real))
+    monkeypatch.setattr(phases, "extend", lambda *a, real=phases.extend: extend(*a, real=real))
     monkeypatch.setattr(run_mod, "ContextIndex", index)
     for n in (1, 6):
         events.clear()
@@ -153,16 +154,31 @@ class Oracle:
         self.tokens = list(self.prompt[:1])
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Oracle:
-        original = self.engine.phases
+        """Wraps the engine's scheduler's draft and extend (one request a step) and the
+        extend over the prompt (`run.extend`); notes the request's target cache at prefill."""
+        import eagle_engine.run as run_mod
 
-        def phases(head: str | None, tree: TreeParams, cache: KVCache
-                   ):  # noqa: ANN202 - cuda_graph.Phases
-            self.cache = cache  # the request's target cache
-            inner = original(head, tree, cache)
-            return replace(inner, draft=self.wrap_draft(inner.draft),
-                           extend=self.wrap_extend(inner.extend))
+        phases = self.engine.scheduler.phases
+        draft, extend = self.wrap_draft(phases.draft), self.wrap_extend(run_mod.extend)
+        step_extend = phases.extend
+        prefill = run_mod.Run.prefill
 
-        monkeypatch.setattr(self.engine, "phases", phases)
+        def noted(run: run_mod.Run):  # noqa: ANN202 - Run.prefill
+            self.cache = run.cache  # the request's target cache
+            return prefill(run)
+
+        def draft_step(model: Eagle3Draft, runs: list, states: list) -> list[DraftTree]:
+            (run,), (state,) = runs, states
+            return [draft(model, state, run, run.tree)]
+
+        def extend_step(model: Eagle3Draft, runs: list, exts: list) -> list[EagleDraftInput]:
+            (run,), (ext,) = runs, exts
+            return [extend(model, ext, run.draft_cache, run.tree.topk,
+                           inner=lambda *a: step_extend(model, runs, exts)[0])]
+        monkeypatch.setattr(run_mod.Run, "prefill", noted)
+        monkeypatch.setattr(run_mod, "extend", extend)
+        monkeypatch.setattr(phases, "draft", draft_step)
+        monkeypatch.setattr(phases, "extend", extend_step)
         return self
 
     def continuation(self, n: int) -> list[int]:
@@ -179,9 +195,10 @@ class Oracle:
         return result
 
     def wrap_draft(self, inner: Callable) -> Callable:
-        def run(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
+        """The scheduler's batched draft of one request -> one planted draft."""
+        def run(model: Eagle3Draft, inp: EagleDraftInput, request: object,
                 tree: TreeParams) -> DraftTree:
-            drafted = inner(model, inp, cache, tree)
+            drafted = inner(model, [request], [inp])[0]
             assert len(self.tokens) == inp.seq_len + 1 and [self.tokens[-1]] == inp.root.tolist()
             return self.plant(drafted, self.continuation(tree.num_steps), tree)
         return run
@@ -207,8 +224,10 @@ class Oracle:
         return DraftTree(scores=scores, tokens=tokens, parents=drafted.parents)
 
     def wrap_extend(self, inner: Callable) -> Callable:
+        """An extend (`accept.extend`'s signature; `inner` replaces it for one call) followed by
+        the cache checks."""
         def run(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
-                topk: int) -> EagleDraftInput:
+                topk: int, inner: Callable = inner) -> EagleDraftInput:
             state = inner(model, ext, cache, topk)
             self.tokens = (self.tokens[:1] if ext.seq_len == 0 else self.tokens)
             self.tokens = self.tokens + ext.tokens.tolist()

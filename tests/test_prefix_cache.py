@@ -92,11 +92,10 @@ def test_caches_after_a_reused_prefill_equal_a_fresh_prefill(engine: EagleEngine
     prompt = first + engine.generate(first, GREEDY, TREE, "head").token_ids + user_turn(1)
     runs = []
     for reuse in (True, False):
-        cache = engine.target.new_cache(max_len=256)
         if not reuse:
             engine.prefix_cache = PrefixCache(0)
-        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache,
-                  engine.phases("head", TREE, cache))
+        slot, cache, draft_cache = engine.scheduler.phases.lease(len(prompt), GREEDY, TREE, "head")
+        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache, draft_cache, slot)
         root, ext = run.prefill()
         state = extend(run.draft_model, ext, run.draft_cache, TREE.topk)
         runs.append((run, root, state))

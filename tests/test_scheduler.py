@@ -243,7 +243,7 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
 
 def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagle_engine.scheduler as sched
+    import eagle_engine.batch_phases as sched
 
     scheduler = Scheduler(engine, max_batch=4)
     requests = mixed_requests(3)

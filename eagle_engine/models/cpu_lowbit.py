@@ -237,10 +237,10 @@ class FusedDecoder:
             self.final_norm, model.cfg.norm_output, model.lm_head.codes, model.lm_head.scales,
             model.lm_head.out_features, model.d2t, step_cut))
 
-    def applies(self, ids: torch.Tensor, cache_rows: torch.Tensor | None) -> bool:
+    def applies(self, ids: torch.Tensor, at: object) -> bool:
         """One sequence, rows written from `start` (decodes, tree verifies, drafts and the
         prefill alike, so a row's numbers never depend on which of them computed it)."""
-        return ids.shape[0] == 1 and cache_rows is None
+        return ids.shape[0] == 1 and at is None  # `at`: static-shape writes (`CacheSlots`)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv: torch.Tensor, start: int, mask: torch.Tensor | None,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..config import DraftConfig
-from ..kv_cache import KVCache
+from ..kv_cache import CacheSlots, KVCache, KVPool
 from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
 
 
@@ -43,10 +43,9 @@ class DraftLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, embeds: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                bias: torch.Tensor | None, at: CacheSlots | None = None) -> torch.Tensor:
         x, h = self._input(h, embeds)
-        h = h + self.self_attn(x, rope, kv, start, bias, cache_rows)
+        h = h + self.self_attn(x, rope, kv, start, bias, at)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward_many(self, h: torch.Tensor, embeds: torch.Tensor, rope: RopeTable,
@@ -107,10 +106,19 @@ class Eagle3Draft(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.cfg
-        w = self.norm.weight  # float even when the linears hold codes
-        dtype = w.dtype if self.fused is None else self.fused.kv_dtype
         return KVCache(c.num_layers, 1, c.num_kv_heads, max_len or self.max_len, c.head_dim,
-                       dtype, w.device)
+                       self._kv_dtype, self.norm.weight.device)
+
+    def new_pool(self, slots: int, max_len: int) -> KVPool:
+        """`slots` request caches (and a scratch one) like `new_cache`'s, batch-major."""
+        c = self.cfg
+        return KVPool(c.num_layers, slots, c.num_kv_heads, max_len, c.head_dim, self._kv_dtype,
+                      self.norm.weight.device)
+
+    @property
+    def _kv_dtype(self) -> torch.dtype:
+        w = self.norm.weight  # float even when the linears hold codes
+        return w.dtype if self.fused is None else self.fused.kv_dtype
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., EagleDraftExtendInput.hidden_size_for] -> [.., hidden_size]."""
@@ -126,21 +134,21 @@ class Eagle3Draft(nn.Module):
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache, start: int, mask: torch.Tensor | None,
                 from_target: bool, last_only: bool = False,
-                cache_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                at: CacheSlots | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids/positions [B, T]; hidden [B, T, W] (target features when `from_target`, else the
         recycled draft hidden). Returns (logits [B, T|1, Vd] float32, recycled hidden [B, T, Hd]:
-        pre-norm, or normed with `norm_output`). `cache_rows` [T]: static-shape cache writes
+        pre-norm, or normed with `norm_output`). `at`: static-shape writes into a `KVPool`
         (see `Attention.forward`)."""
         h = self.project(hidden) if from_target else hidden
         embeds = self.embed_tokens(ids).to(h.dtype)
         rope = self.rope.table(positions, h.dtype)
-        if self.fused is not None and self.fused.applies(ids, cache_rows):
+        if self.fused is not None and self.fused.applies(ids, at):
             h, normed, _ = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
                                       embeds=embeds)  # [B, T, Hd] each
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             for i, layer in enumerate(self.layers):
-                h = layer(h, embeds, rope, cache.layers[i], start, bias, cache_rows)
+                h = layer(h, embeds, rope, cache.layers[i], start, bias, at)
             normed = self.norm(h)  # [B, T, Hd]
         if self.cfg.norm_output:
             h = normed  # recycled and read by the lm_head

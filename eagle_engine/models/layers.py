@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kv_cache import CacheSlots
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -95,16 +97,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                bias: torch.Tensor | None, at: CacheSlots | None = None) -> torch.Tensor:
         """x [B, T, in_dim]; kv = (k, v) caches [B, kv_heads, max_len, hd] of this layer.
         New keys/values are written at cache rows [start, start+T); attention reads rows
         [0, start+T) under `bias` = `score_bias(mask)` of a mask [B, T, start+T] (None =
-        every row visible). With `cache_rows` [T] int64 (static shapes for CUDA graphs) `start`
-        is ignored: rows are written by index and attention reads the whole cache (mask
+        every row visible). With `at` (static shapes for CUDA graphs) kv is a `KVPool`'s layer
+        ([slots + 1, kv_heads, max_len, hd]) and `start` is ignored: sequence b writes its rows
+        `at.rows[b]` of pool row `at.slots[b]` and attends over that whole row (mask
         [B, T, max_len])."""
         q, k, v = self._project(x, rope)
-        return self._output(self._cached(q, k, v, kv, start, bias, cache_rows))
+        return self._output(self._cached(q, k, v, kv, start, bias, at))
 
     def forward_many(self, x: torch.Tensor, rope: RopeTable,
                      kvs: list[tuple[torch.Tensor, torch.Tensor]], starts: list[int],
@@ -136,19 +138,20 @@ class Attention(nn.Module):
     @staticmethod
     def _cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int, bias: torch.Tensor | None,
-                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
+                at: CacheSlots | None = None) -> torch.Tensor:
         """Write k/v [B, KVH, T, hd] into the cache and attend q [B, H, T, hd] over it
         (`forward` says which rows) -> [B, H, T, hd]."""
         B, T = q.shape[0], q.shape[2]
         k_cache, v_cache = kv  # in the model's dtype, or float16 (a q4 target's, read widened)
-        if cache_rows is None:
+        if at is None:
             k_cache[:B, :, start:start + T] = k
             v_cache[:B, :, start:start + T] = v
             keys, values = k_cache[:B, :, :start + T], v_cache[:B, :, :start + T]
         else:
-            keys, values = k_cache[:B], v_cache[:B]
-            keys.index_copy_(2, cache_rows, k.to(keys.dtype))
-            values.index_copy_(2, cache_rows, v.to(values.dtype))
+            rows = (at.slots[:, None], slice(None), at.rows)  # indexes [B, T, KVH, hd]
+            k_cache[rows] = k.transpose(1, 2).to(k_cache.dtype)
+            v_cache[rows] = v.transpose(1, 2).to(v_cache.dtype)
+            keys, values = k_cache.index_select(0, at.slots), v_cache.index_select(0, at.slots)
         return attend(q, keys.to(q.dtype), values.to(q.dtype), bias)
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
@@ -192,7 +195,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for every new key length, and the key length changes every step. Long queries on CPU
     (prefill) use SDPA's GQA mode."""
     B, H, T, d = q.shape
-    kvh, S = k.shape[1], k.shape[2]
+    kvh = k.shape[1]  # k [B, KVH, S, d]
     g = H // kvh
     if not grouped_queries(T, q.device):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=H != kvh)

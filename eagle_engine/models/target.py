@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..config import TargetConfig
-from ..kv_cache import KVCache
+from ..kv_cache import CacheSlots, KVCache, KVPool
 from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
 
 
@@ -39,10 +39,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: RopeTable,
                 kv: tuple[torch.Tensor, torch.Tensor], start: int,
-                bias: torch.Tensor | None, cache_rows: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, bias,
-                               cache_rows)
+                bias: torch.Tensor | None, at: CacheSlots | None = None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, kv, start, bias, at)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward_many(self, h: torch.Tensor, rope: RopeTable,
@@ -80,28 +78,36 @@ class TargetModel(nn.Module):
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """A cache in the model's dtype, or in the fused decoder's `kv_dtype` when it has one."""
         c = self.cfg
-        dtype = self.dtype if self.fused is None else self.fused.kv_dtype
         return KVCache(c.num_layers, batch, c.num_kv_heads, max_len or self.max_len, c.head_dim,
-                       dtype, self.device)
+                       self._kv_dtype, self.device)
+
+    def new_pool(self, slots: int, max_len: int) -> KVPool:
+        """`slots` request caches (and a scratch one) like `new_cache`'s, batch-major."""
+        c = self.cfg
+        return KVPool(c.num_layers, slots, c.num_kv_heads, max_len, c.head_dim, self._kv_dtype,
+                      self.device)
+
+    @property
+    def _kv_dtype(self) -> torch.dtype:
+        return self.dtype if self.fused is None else self.fused.kv_dtype
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
                 mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...] = (),
-                last_only: bool = False, cache_rows: torch.Tensor | None = None
-                ) -> TargetOutput:
+                last_only: bool = False, at: CacheSlots | None = None) -> TargetOutput:
         """ids/positions [B, T]; writes KV rows [start, start+T). `aux_layer_ids` are layer INPUT
         indices (0..num_layers; num_layers = the un-normed output of the last layer).
-        `cache_rows` [T]: write those rows instead and attend over the whole cache (see
-        `Attention.forward`; `mask` is then [B, T, max_len])."""
+        With `at`, `cache` is a `KVPool` and each sequence writes and attends where `at` says
+        (`Attention.forward`; `mask` is then [B, T, max_len])."""
         h = self.embed_tokens(ids)  # [B, T, H]
         rope = self.rope.table(positions, h.dtype)
-        if self.fused is not None and self.fused.applies(ids, cache_rows):
+        if self.fused is not None and self.fused.applies(ids, at):
             _, h, aux = self.fused(h, rope.cos[0, 0], rope.sin[0, 0], cache.data, start, mask,
                                    aux_layer_ids)  # models/cpu_lowbit.FusedDecoder, h normed
         else:
             bias = score_bias(mask, self.cfg.num_heads, self.cfg.num_kv_heads, h.dtype)
             h, aux = self.decode_layers(h, aux_layer_ids, lambda i, layer, x: layer(
-                x, rope, cache.layers[i], start, bias, cache_rows))
+                x, rope, cache.layers[i], start, bias, at))
         logits = self.lm_head(h[:, -1:] if last_only else h).float()
         return TargetOutput(logits=logits, aux_hidden=aux, final_hidden=h)
 
