@@ -10,7 +10,9 @@ head and tree's widths) on first use, warm-up and capture writing only the pool'
 A step's requests that share a graph replay the smallest bucket that holds them; the rows past
 them are padding that writes only the scratch row. Within a request, rows are padded too: a
 tree to its `max_rows` (the pad nodes see only the committed rows and themselves), an extend
-to `max_depth + 1` rows (pads first, real rows last, as in `DraftExtendRunner`).
+to `max_depth + 1` rows (pads first, real rows last: `ExtendRunner`). Attention gathers the
+batch's pool rows in each layer (`index_select`): a copy of B whole rows that a paged-attention
+kernel reading the pool in place would save.
 
 A call that no graph takes (a draft with a step cut, whose level count the host decides; a head
 whose weights moved since capture; a shape past the cache) runs the eager phases

@@ -5,7 +5,9 @@ tensor, in the dtype its model's `new_cache` asks for: the model's own, or float
 low-bit CPU layers); the model writes rows at the `start` it is given and never tracks lengths
 itself. The engine owns the committed length. `commit_rows` moves accepted tree rows next to
 the committed prefix (rejected rows are simply left behind and overwritten later; nothing else
-is copied), without a host read.
+is copied), without a host read. `KVPool` holds several requests' caches (and a scratch row)
+in one tensor for CUDA graphs: each request's row is an ordinary one-request `KVCache`, and a
+static-shape forward writes and reads every request's rows through `CacheSlots`.
 Not here: which rows are accepted (`verify.py`) or tree structure (`tree.py`).
 """
 from __future__ import annotations
