@@ -43,12 +43,14 @@ from eagle_engine import cuda_graph
 from eagle_engine.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner
+from eagle_engine.engine import EagleEngine
+from eagle_engine.scheduler import Scheduler
 from tests.helpers import tiny_engine
 
 TREE = TreeParams.parse("k=2,s=2,n=4,ctx=off")
 
 
-def decode(engine, head: str | None, tokens: int) -> dict:  # noqa: ANN001 - EagleEngine
+def decode(engine: EagleEngine, head: str | None, tokens: int) -> dict:
     """One answer: per iteration, the caller's wall time and each timed phase, in us."""
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     prompt = list(range(3, 35))
@@ -100,15 +102,18 @@ def capture_free(phases: GraphPhases, runner: GraphRunner) -> None:
 
 
 @contextlib.contextmanager
-def free_replays():
-    """Engines run in graph mode on the CPU, their replays free (`capture_free`)."""
-    saved = cuda_graph.graph_mode, GraphPhases.capture
+def free_replays(engine: EagleEngine):
+    """`engine` runs in graph mode on the CPU, its replays free (`capture_free`): a scheduler
+    made under the patch holds `GraphPhases`."""
+    saved = cuda_graph.graph_mode, GraphPhases.capture, engine.scheduler
     cuda_graph.graph_mode = lambda enabled, device: GraphMode.GRAPHS
     GraphPhases.capture = capture_free
+    engine.scheduler = Scheduler(engine)
+    assert isinstance(engine.scheduler.phases, GraphPhases)
     try:
         yield
     finally:
-        cuda_graph.graph_mode, GraphPhases.capture = saved
+        cuda_graph.graph_mode, GraphPhases.capture, engine.scheduler = saved
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         report = {"kind": "host_time", "tree": TREE.spec(), "tokens": args.tokens,
                   "provenance": provenance()}
         for path, patch in (("graphs", free_replays), ("eager", contextlib.nullcontext)):
-            with patch():
+            with patch(engine):
                 for name, head in (("plain", None), ("eagle", "head")):
                     row = f"{name}, {path}"
                     decode(engine, head, 16)  # warm-up (in graph mode: slots and captures)

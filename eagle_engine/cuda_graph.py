@@ -191,6 +191,7 @@ class GraphRunner:
         self.buffers, self.pool = buffers, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured: Any = None
+        self.slots = [pool.scratch] * buffers.batch  # what `buffers.slots` holds, on the host
 
     def capture(self, mempool: tuple[int, int], stream: torch.cuda.Stream) -> None:
         """Warm up and capture on the buffers as allocated: padding, writing the scratch row."""
@@ -209,10 +210,14 @@ class GraphRunner:
         them are padding on the scratch row."""
         b, n = self.buffers, len(inputs)
         for i, (inp, slot) in enumerate(zip(inputs, slots)):
-            b.slots[i].fill_(slot)
+            if self.slots[i] != slot:
+                b.slots[i].fill_(slot)
             self.prepare(i, inp)
-        b.slots[n:].fill_(self.pool.scratch)
-        b.seq_len[n:].zero_()
+        wanted = list(slots) + [self.pool.scratch] * (b.batch - n)
+        if self.slots[n:] != wanted[n:]:  # rows a request left: padding again, from row 0
+            b.slots[n:].fill_(self.pool.scratch)
+            b.seq_len[n:].zero_()
+        self.slots = wanted
         if self.graph is None:
             out = self.forward()
         else:
@@ -448,14 +453,15 @@ class GraphPhases(EagerPhases):
                runner: Callable[[Run, int], GraphRunner | None]) -> list[Any]:
         """Each request's output from a graph (None where none takes it): the requests whose
         inputs one runner fits replay it together, in the smallest bucket that holds them."""
-        groups: dict[int, tuple[GraphRunner, list[int]]] = {}
+        groups: dict[int, tuple[GraphRunner, Run, list[int]]] = {}
         for i, r in enumerate(runs):
-            shape = runner(r, 1)  # the bucket of one: the shape's `fits` for every bucket
-            if r.slot is not None and shape is not None and shape.fits(inputs[i]):
-                groups.setdefault(id(shape), (r, []))[1].append(i)
+            shape = None if r.slot is None else runner(r, 1)  # a shape's `fits` for every bucket
+            if shape is not None and shape.fits(inputs[i]):
+                groups.setdefault(id(shape), (shape, r, []))[2].append(i)
         outs: list[Any] = [None] * len(runs)
-        for first, idx in groups.values():
-            graph = runner(first, bucket_for(len(idx), self.max_batch))
+        for shape, first, idx in groups.values():
+            graph = shape if len(idx) == 1 else runner(first, bucket_for(len(idx),
+                                                                         self.max_batch))
             if graph is None:
                 continue
             for i, out in zip(idx, graph([inputs[i] for i in idx], [runs[i].slot for i in idx])):

@@ -33,7 +33,7 @@ from .accept import commit, extend, extend_input, read_back
 from .batch_phases import EagerPhases, decode
 from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
                      TreeParams)
-from .cuda_graph import GraphMode, GraphPhases
+from .cuda_graph import GraphMode, GraphPhases, buckets
 from .draft import draft
 from .engine import EagleEngine
 from .hardware import cpu_model
@@ -549,9 +549,10 @@ def time_together(engine: EagleEngine, head: str | None, tree: TreeParams,
     engine's scheduler, as the app's visitors are: tokens/s of all of them together, wall
     time from their submission to the last event (prefills included)."""
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    for _ in range(2):  # captures the graphs of every slot
-        handles = [engine.scheduler.submit(prompts[0], replace(params, max_new_tokens=8),
-                                           tree, head, trace=False) for _ in range(VISITORS)]
+    for n in buckets(VISITORS):  # captures the graphs of every batch-size bucket
+        for _ in range(n):
+            engine.scheduler.submit(prompts[0], replace(params, max_new_tokens=8), tree, head,
+                                    trace=False)
         engine.scheduler.run_until_idle()
     batches = [[prompts[(i + j) % len(prompts)] for j in range(VISITORS)]
                for i in range(0, len(prompts), VISITORS)]
