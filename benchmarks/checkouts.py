@@ -2,7 +2,8 @@
 
     git worktree add /tmp/before <commit>
     PYTHONPATH=. python benchmarks/checkouts.py --before /tmp/before --after . \
-        --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64] [--weights q4]
+        --prompts data/prompts/mtbench.jsonl [--rounds 6] [--max-new-tokens 64] [--weights q4] \
+        [--tree k=1,s=1,n=2]
 
 Starts one worker process per checkout (each imports its own `eagle_engine`, loads the bundled
 target in `--weights` with the default head and warms up), then hands them the same workloads
@@ -27,7 +28,7 @@ from pathlib import Path
 WORKLOADS = ("eagle, 8 visitors", "plain, 8 visitors", "eagle, alone", "plain, alone")
 WORKER = '''
 import json, sys, time
-from eagle_engine.config import EngineConfig, SamplingParams
+from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
 from eagle_engine.scheduler import Scheduler
 
@@ -37,17 +38,18 @@ engine = EagleEngine.load(EngineConfig(drafts=(DEFAULT_HEAD,), weights="dense" i
                                        dtype=sys.argv[3] if dense else "fp32"))
 prompts = [engine.encode(r["turns"][0]) for r in rows]
 params = SamplingParams(max_new_tokens=int(sys.argv[2]), ignore_eos=True)
+tree = TreeParams.parse(sys.argv[4]) if sys.argv[4] else None  # None: the engine's default
 
 
 def together(head):
     scheduler = Scheduler(engine, 4)
-    handles = [scheduler.submit(p, params, None, head) for p in prompts]
+    handles = [scheduler.submit(p, params, tree, head) for p in prompts]
     scheduler.run_until_idle()
     return [[t.token_id for ev in h.events() for t in ev.tokens] for h in handles]
 
 
 def alone(head):
-    return [engine.generate(p, params, None, head).token_ids for p in prompts[:3]]
+    return [engine.generate(p, params, tree, head).token_ids for p in prompts[:3]]
 
 
 work = {"eagle, 8 visitors": lambda: together(DEFAULT_HEAD), "plain, 8 visitors":
@@ -71,6 +73,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--weights", choices=("q4", "bf16", "fp32"), default="q4")
+    p.add_argument("--tree", default="", help="EAGLE-3's tree (TreeParams.parse); default: "
+                   "the engine's default tree")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -78,7 +82,7 @@ def main() -> None:
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     procs = {side: subprocess.Popen(
         [sys.executable, f.name, str(args.prompts.resolve()), str(args.max_new_tokens),
-         args.weights],
+         args.weights, args.tree],
         cwd=path, env={**os.environ, "PYTHONPATH": str(path)}, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for side, path in sides.items()}
@@ -105,7 +109,8 @@ def main() -> None:
             proc.wait()
         os.unlink(f.name)
     report = {"before": str(sides["before"]), "after": str(sides["after"]),
-              "weights": args.weights, "rounds": args.rounds, "tokens_per_s": {}}
+              "weights": args.weights, "tree": args.tree or "default", "rounds": args.rounds,
+              "tokens_per_s": {}}
     for w in WORKLOADS:
         rate = {s: totals[(w, s)][0] / totals[(w, s)][1] for s in sides}
         report["tokens_per_s"][w] = {**{s: round(v, 1) for s, v in rate.items()},
