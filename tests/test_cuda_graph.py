@@ -262,6 +262,30 @@ def test_the_apps_request_path_runs_one_graph_per_phase_for_the_batch(
     assert sorted(scheduler.phases.free) == list(range(max_batch)) and not scheduler.busy
 
 
+def test_mixed_trees_under_graphs_answer_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests of trees that share no graph (a step cut, which drafts eagerly; a min score, whose
+    trees vary in size and replay padded; drafts from the context; another head shape) and plain
+    requests, stepped together under graphs: every greedy answer equals the eager engine's."""
+    static_graphs(monkeypatch)
+    target, head = tiny_models("cpu")
+    config = EngineConfig(dtype="fp32", max_len=192, max_batch=4)
+    eager = EagleEngine(target, IdTokenizer(), {"tiny": head}, replace(config, cuda_graphs=False))
+    graphed = EagleEngine(target, IdTokenizer(), {"tiny": head}, config)
+    trees = [TINY_TREE, replace(HEAD_TREE, step_cut=0.3), replace(TINY_TREE, min_score=0.05),
+             TreeParams(2, 2, 6, context_drafts=True), TreeParams(2, 3, 5)]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    requests = [(list(range(3 + i, 28 + 2 * i)), trees[i % len(trees)], "tiny" if i % 4 else None)
+                for i in range(7)]
+    answers = []
+    for engine in (eager, graphed):
+        handles = [engine.scheduler.submit(p, params, t, h, trace=False) for p, t, h in requests]
+        engine.scheduler.run_until_idle()
+        answers.append([[t.token_id for ev in hd.events() for t in ev.tokens] for hd in handles])
+    assert answers[0] == answers[1]
+    keys = {key[0] for key, runner in graphed.scheduler.phases.runners.items() if runner}
+    assert keys == {"draft", "verify", "extend", "decode"}
+
+
 def test_cpu_engine_keeps_the_eager_path() -> None:
     assert graph_mode(True, torch.device("cpu")) is GraphMode.EAGER
     assert graph_mode(True, torch.device("cuda")) is GraphMode.GRAPHS
