@@ -312,6 +312,14 @@ def test_graph_replay_equals_eager_for_an_eagle31_head(tree: TreeParams) -> None
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("batch,max_batch", [(2, 2), (3, 4)])
+def test_graph_replay_of_a_padded_batch_equals_eager(batch: int, max_batch: int) -> None:
+    target, head = tiny_models("cuda")
+    assert failures(phase_parity(target, head, TINY_TREE, GraphMode.GRAPHS, batch=batch,
+                                 max_batch=max_batch)) == []
+
+
+@pytest.mark.cuda
 def test_no_host_sync_in_graphed_phases_and_kernels() -> None:
     target, head = tiny_models("cuda")
     row = check_no_sync(target, head, TINY_TREE)
