@@ -407,7 +407,7 @@ class GraphPhases(EagerPhases):
     def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
         def runner(r: Run, B: int) -> DraftRunner | None:
-            if r.tree.step_cut or r.tree.num_steps < 2:  # the host decides the levels / none
+            if r.tree.step_cut or r.tree.num_steps < 2:  # host-decided levels, or no level
                 return None
             key = ("draft", r.head, r.tree.topk, r.tree.num_steps, B)
             return self._runner(key, lambda: DraftRunner(model, self.draft_pools[r.head],
