@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .draft import top_children
 from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
 from .kernels import TORCH, StepOps
@@ -80,10 +81,8 @@ def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
     fused = model.fused
     if fused is None or not fused.extends:
         return extend_rows(model, [ext], [cache], [topk])[0]
-    topk_p, topk_ids, hidden = fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
-                                            cache.data, topk)
-    return EagleDraftInput(topk_p=topk_p, topk_ids=topk_ids, hidden=hidden,
-                           root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())
+    return draft_input(ext, *fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
+                                          cache.data, topk))
 
 
 @torch.inference_mode()
@@ -104,7 +103,14 @@ def extend_rows(model: Eagle3Draft, exts: list[EagleDraftExtendInput], caches: l
 
 def draft_input_after(model: Eagle3Draft, ext: EagleDraftExtendInput, logits: torch.Tensor,
                       hidden: torch.Tensor, topk: int) -> EagleDraftInput:
-    """The next draft's input from the extend's last row: logits [Vd], hidden [Hd]."""
-    topk_p, topk_idx = torch.softmax(logits, -1).topk(topk)
-    return EagleDraftInput(topk_p=topk_p, topk_ids=model.target_ids(topk_idx), hidden=hidden,
+    """The next draft's input from the extend's last row: logits [Vd], hidden [Hd]; its level
+    1 is the row's top-k (`draft.top_children`, as every draft level)."""
+    return draft_input(ext, *top_children(logits, topk, model.target_ids), hidden)
+
+
+def draft_input(ext: EagleDraftExtendInput, topk_p: torch.Tensor, topk_ids: torch.Tensor,
+                hidden: torch.Tensor) -> EagleDraftInput:
+    """The next draft's input after extending over `ext`: its level 1 (probabilities [K], target
+    ids [K]) and recycled hidden [Hd]; the root is ext's last token, now committed after it."""
+    return EagleDraftInput(topk_p=topk_p, topk_ids=topk_ids, hidden=hidden,
                            root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())

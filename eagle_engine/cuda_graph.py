@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .accept import draft_input
 from .batch_phases import EagerPhases
 from .config import SamplingParams, TreeParams
 from .draft import Frontier, expand, join, top_children
@@ -128,11 +129,10 @@ def draft_static(model: Eagle3Draft, b: GraphBuffers, pool: KVPool, tree: TreePa
     spanning its whole pool row. -> candidates [B, capacity]."""
     K, S = tree.topk, tree.num_steps
     B, dev = b.batch, b.ids.device
-    eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
     front, first = Frontier.first(b.scores, b.ids, b.hidden)  # [B, K], [B, K, Hd]
     levels = [first]
     for step in range(S - 1):
-        mask = block_mask(b.cols, b.seq_len, torch.cat([front.ancestry, eye], -1))  # [B, K, L]
+        mask = block_mask(b.cols, b.seq_len, front.scratch_seen())  # [B, K, L]
         positions = (b.seq_len + step)[:, None].expand(B, K)
         rows = b.seq_len[:, None] + step * K + torch.arange(K, device=dev)  # [B, K]
         logits, h = model(front.ids, front.hidden, positions, pool, 0, mask, from_target=False,
@@ -164,8 +164,7 @@ def extend_static(model: Eagle3Draft, b: GraphBuffers, pool: KVPool, topk: int
     causal = torch.arange(T, device=b.ids.device) <= b.offsets[:, :, None]  # [B, T, T]
     logits, h = model(b.ids, b.hidden, rows, pool, 0, block_mask(b.cols, b.seq_len, causal),
                       from_target=True, last_only=True, at=CacheSlots(b.slots, rows))
-    topk_p, topk_idx = torch.softmax(logits[:, -1], -1).topk(topk)  # [B, K] each
-    return topk_p, model.target_ids(topk_idx), h[:, -1]
+    return *top_children(logits[:, -1], topk, model.target_ids), h[:, -1]  # [B, K] [B, K] [B, Hd]
 
 
 def decode_static(target: TargetModel, b: GraphBuffers, pool: KVPool) -> torch.Tensor:
@@ -340,8 +339,7 @@ class ExtendRunner(GraphRunner):
     def output(self, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], i: int,
                ext: EagleDraftExtendInput) -> EagleDraftInput:
         topk_p, topk_ids, hidden = out
-        return EagleDraftInput(topk_p[i].clone(), topk_ids[i].clone(), hidden[i].clone(),
-                               root=ext.tokens[-1:], seq_len=ext.seq_len + ext.tokens.numel())
+        return draft_input(ext, topk_p[i].clone(), topk_ids[i].clone(), hidden[i].clone())
 
 
 class DecodeRunner(GraphRunner):

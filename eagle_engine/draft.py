@@ -49,6 +49,13 @@ class Frontier:
         front = cls(index, topk_p, topk_ids, hidden, ancestry, K)
         return front, DraftTree(topk_p, topk_ids, torch.full_like(topk_ids, -1))
 
+    def scratch_seen(self) -> torch.Tensor:
+        """[..., K, (level+1)*K] bool: which of the scratch rows from the committed length each
+        node sees in the next draft step: its ancestors' and its own (written by that step)."""
+        K = self.ids.shape[-1]
+        eye = torch.eye(K, dtype=torch.bool, device=self.ids.device)
+        return torch.cat([self.ancestry, eye.expand(*self.ids.shape[:-1], K, K)], dim=-1)
+
 
 def top_children(logits: torch.Tensor, K: int, target_ids: Callable[[torch.Tensor], torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,8 +136,7 @@ def draft_levels(model: Eagle3Draft, states: list[EagleDraftInput], caches: list
         rows = []
         for i in live:
             K, seq, front = trees[i].topk, states[i].seq_len, fronts[i]
-            eye = torch.eye(K, dtype=torch.bool, device=front.ids.device)
-            mask = torch.cat([prefixes[i], front.ancestry, eye], dim=1)  # [K, seq+(step+1)K]
+            mask = torch.cat([prefixes[i], front.scratch_seen()], dim=1)  # [K, seq+(step+1)K]
             positions = torch.full((K,), seq + step, device=front.ids.device)
             rows.append(SeqRows(front.ids, positions, caches[i], seq + step * K, mask,
                                 front.hidden))

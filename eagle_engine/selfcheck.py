@@ -290,7 +290,7 @@ def parity_step(target: TargetModel, head: Eagle3Draft, backend: GraphPhases,
         exts_graph.append(extend_input(vin, vout, depth, got.features))
     got_states = backend.extend(head, seats, exts_graph)
     d = diffs["draft extend"]
-    for b, (p, ext, got) in enumerate(zip(pairs, exts_eager, got_states)):
+    for p, ext, got in zip(pairs, exts_eager, got_states):
         want = extend(head, ext, p.eager.draft_cache, tree.topk)
         d.exact("top-k ids", want.topk_ids, got.topk_ids)
         d.exact("root", want.root, got.root)
@@ -314,7 +314,7 @@ def decode_parity(target: TargetModel, backend: GraphPhases, pairs: list[ParityP
         for want, got, n, p in zip(wants, gots, seq_lens, pairs):
             if target.dtype == torch.float32:
                 diff.exact("argmax", want.argmax(-1), got.logits.argmax(-1))
-            else:  # a near-tie may round either way: the graph's choice is as likely to rounding
+            else:  # a near-tie may round either way: the graph's pick scores the max, to rounding
                 diff.close("argmax's logit", want.amax(-1),
                            want.gather(-1, got.logits.argmax(-1, keepdim=True))[:, 0])
             diff.close("logits", want, got.logits)
