@@ -2,13 +2,13 @@
 
 `commit` makes the accepted tree rows of the target cache contiguous after the committed prefix
 (rejected rows stay behind as garbage past the committed length; nothing else moves), on the
-device. `read_back` is the iteration's one host sync: a single packed copy of the emitted
-tokens, the accepted path and, when tracing, the verified tree. `extend_input` pairs the
-accepted tokens with the target features before them, and `extend_rows` (the one definition,
-over the requests of one head) runs the draft over them, which rewrites the draft cache rows
-that drafting used as scratch, and yields the next `EagleDraftInput`; `extend` is one request's,
-a single C++ call for a head of q8 codes on a CPU. Not here:
-acceptance rules (`verify.py`).
+device. `readback_parts` / `parse_readback` are a request's share of the step's one host sync:
+the emitted tokens, the accepted path and, when tracing, the verified tree. `extend_input`
+pairs the accepted tokens with the target features before them, and `extend_forward` (the one
+definition, over a batch of requests of one head, on either row placement of
+`models/batched.py`) runs the draft over them, which rewrites the draft cache rows that
+drafting used as scratch, and yields the next draft's input; `extend` is one request's, a
+single C++ call for a head of q8 codes on a CPU. Not here: acceptance rules (`verify.py`).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from .draft import top_children
 from .io_struct import (EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
 from .kernels import TORCH, StepOps
-from .kv_cache import KVCache, causal_mask
-from .models.batched import SeqRows, draft_forward
+from .kv_cache import KVCache
+from .models.batched import OwnCaches, Placement
 from .models.draft_model import Eagle3Draft
 
 
@@ -76,36 +76,34 @@ def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: i
 @torch.inference_mode()
 def extend(model: Eagle3Draft, ext: EagleDraftExtendInput, cache: KVCache,
            topk: int) -> EagleDraftInput:
-    """One request's extend: `extend_rows` of it alone, or, for a q8 head on a CPU, one C++ call
-    (`FusedDecoder.extend`, the same bits: tests/test_cpu_lowbit.py)."""
+    """One request's extend: `extend_forward` of it alone, or, for a q8 head on a CPU, one C++
+    call (`FusedDecoder.extend`, the same bits: tests/test_cpu_lowbit.py)."""
     fused = model.fused
-    if fused is None or not fused.extends:
-        return extend_rows(model, [ext], [cache], [topk])[0]
-    return draft_input(ext, *fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
-                                          cache.data, topk))
+    if fused is not None and fused.extends:
+        return draft_input(ext, *fused.extend(model, ext.tokens, ext.hidden, ext.seq_len,
+                                              cache.data, topk))
+    T, dev = ext.tokens.numel(), ext.tokens.device
+    rows = OwnCaches([cache], [ext.seq_len])
+    out = extend_forward(model, rows, ext.tokens[None], ext.hidden[None],
+                         torch.arange(T, device=dev)[None], None, topk)
+    return draft_input(ext, *(t[0] for t in out))
 
 
 @torch.inference_mode()
-def extend_rows(model: Eagle3Draft, exts: list[EagleDraftExtendInput], caches: list[KVCache],
-                topks: list[int]) -> list[EagleDraftInput]:
-    """The draft extend of every request of one head in one forward (`models/batched.py`):
-    request i writes draft KV rows [seq_len, seq_len + T_i) causally and takes its top-k
-    after its last row (`draft_input_after`)."""
-    rows = []
-    for ext, cache in zip(exts, caches):
-        T, dev = ext.tokens.numel(), ext.tokens.device
-        rows.append(SeqRows(ext.tokens, torch.arange(ext.seq_len, ext.seq_len + T, device=dev),
-                            cache, ext.seq_len, causal_mask(T, ext.seq_len, dev)[0], ext.hidden))
-    outs = draft_forward(model, rows, from_target=True, last_only=True)
-    return [draft_input_after(model, ext, logits[0, -1], hidden[0, -1], k)
-            for ext, (logits, hidden), k in zip(exts, outs, topks)]
-
-
-def draft_input_after(model: Eagle3Draft, ext: EagleDraftExtendInput, logits: torch.Tensor,
-                      hidden: torch.Tensor, topk: int) -> EagleDraftInput:
-    """The next draft's input from the extend's last row: logits [Vd], hidden [Hd]; its level
-    1 is the row's top-k (`draft.top_children`, as every draft level)."""
-    return draft_input(ext, *top_children(logits, topk, model.target_ids), hidden)
+def extend_forward(model: Eagle3Draft, rows: Placement, tokens: torch.Tensor,
+                   hidden: torch.Tensor, offsets: torch.Tensor, lens: list[int] | None,
+                   topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft extend of a batch of requests of one head: request b's tokens [B, T] with
+    the target features before them [B, T, W], token t at draft cache row (and position)
+    seq_len + offsets[b, t], causal by row; its real rows last (`lens` [B]; pads first, at
+    rows past the real ones, which no real row sees) -> the top-k after each request's last
+    row (probabilities [B, K], target ids [B, K]; `draft.top_children`, as every draft level)
+    and that row's recycled hidden [B, Hd]."""
+    T = tokens.shape[1]
+    causal = torch.arange(T, device=tokens.device) <= offsets[:, :, None]  # [B, T, T]
+    logits, h = rows.draft(model, tokens, hidden, offsets, offsets, 0,
+                           causal, lens, from_target=True, last_only=True)
+    return *top_children(logits[:, -1], topk, model.target_ids), h[:, -1]
 
 
 def draft_input(ext: EagleDraftExtendInput, topk_p: torch.Tensor, topk_ids: torch.Tensor,

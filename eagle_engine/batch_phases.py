@@ -1,16 +1,15 @@
-"""`EagerPhases`: the scheduler's phase backend without CUDA graphs, and the verify forward
-over several requests at once.
+"""`EagerPhases`: the scheduler's phase backend without CUDA graphs, and how a step's requests
+become the batches of the phases' one definitions.
 
-Each phase takes the step's requests (`run.Run`s) of one head: a request alone runs its own
-phase function (`draft.draft`, `verify.run_target`, `decode`, `accept.extend`: for a q8 head
-on a CPU the draft and extend are one C++ call each), several share one batched forward
-(`draft.draft_levels`, `target_many`, `accept.extend_rows`). `target_many` runs one target
-forward over every request's rows, an EAGLE-3 request's tree (`tree_rows`: its ancestor mask,
-depth positions, rows from its committed length) or a plain request's next token
-(`decode_rows`), each on its own cache; every request's numbers are those of its solo forward
-(`models/batched.py`), so acceptance, commit and read-back stay per request.
-`EagerPhases.lease` gives a request caches sized to what it can use. Under CUDA graphs
-`cuda_graph.GraphPhases` replaces both, and falls back to these phases for what no graph takes.
+Each phase takes the step's requests (`run.Run`s) of one head and runs its one definition
+(`draft.draft_levels`, `verify.verify_forward`, `accept.extend_forward`) over them on their own
+caches (`models/batched.OwnCaches`): the requests of one `topk` share a draft and an extend,
+and every running request, EAGLE-3 and plain alike, shares the verify forward. A ragged batch
+(trees of several sizes, extends of several lengths) is padded to its widest request; only
+the real rows run. A request alone drafts and extends through `draft.draft` / `accept.extend`,
+one C++ call each for a q8 head on a CPU. `EagerPhases.lease` gives a request caches sized to
+what it can use. Under CUDA graphs `cuda_graph.GraphPhases` replaces both, and hands these
+phases what no graph takes.
 Not here: acceptance, which requests run together (`scheduler.py`).
 """
 from __future__ import annotations
@@ -19,62 +18,64 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .accept import extend, extend_rows
+from .accept import draft_input, extend, extend_forward
 from .config import SamplingParams, TreeParams
 from .draft import draft, draft_levels
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
-from .kv_cache import KVCache, tree_mask
-from .models.batched import SeqRows, target_forward
+from .kv_cache import KVCache
+from .models.batched import OwnCaches
 from .models.draft_model import Eagle3Draft
 from .models.target import TargetModel
-from .verify import TreeLogits, run_target
+from .verify import TreeLogits, verify_forward
 
 if TYPE_CHECKING:
     from .run import Run
 
 
-def tree_rows(vin: EagleVerifyInput, cache: KVCache) -> SeqRows:
-    """A request's tree as target rows: KV rows [seq_len, seq_len+N) in node order."""
-    return SeqRows(vin.tokens, vin.positions, cache, vin.seq_len,
-                   tree_mask(vin.ancestors, vin.seq_len)[0])
+def by_topk(runs: list[Run]) -> list[list[int]]:
+    """The requests' indices grouped by their tree's `topk` (a draft's frontier width)."""
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault(r.tree.topk, []).append(i)
+    return list(groups.values())
 
 
-def decode_rows(token: torch.Tensor, seq_len: int, cache: KVCache) -> SeqRows:
-    """A plain request's next step: `token` [1] at position and cache row `seq_len`."""
-    return SeqRows(token.view(1), torch.full((1,), seq_len, device=token.device), cache,
-                   seq_len, None)
+def tree_batch(vins: list[EagleVerifyInput], tokens: list[torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The trees `vins` and the plain requests' next `tokens` ([1] each, trees of one node) as
+    one batch padded to the largest tree -> ids [B, N], depth [B, N], ancestors [B, N, N] (a
+    pad node sees itself), real nodes per request."""
+    lens = [v.tokens.numel() for v in vins] + [1] * len(tokens)
+    if len(lens) == 1 and vins:  # a tree alone: views, nothing padded
+        v = vins[0]
+        return v.tokens[None], v.depth[None], v.ancestors[None], lens
+    B, N = len(lens), max(lens)
+    dev = (vins[0].tokens if vins else tokens[0]).device
+    ids = torch.zeros(B, N, dtype=torch.long, device=dev)
+    depth = torch.zeros(B, N, dtype=torch.long, device=dev)
+    ancestors = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    for b, v in enumerate(vins):
+        n = lens[b]
+        ids[b, :n], depth[b, :n], ancestors[b, :n, :n] = v.tokens, v.depth, v.ancestors
+    for b, tok in enumerate(tokens, start=len(vins)):
+        ids[b, :1] = tok
+    return ids, depth, ancestors, lens
 
 
-@torch.inference_mode()
-def target_many(target: TargetModel, rows: list[SeqRows], aux_ids: list[tuple[int, ...]]
-                ) -> list[TreeLogits]:
-    """One target forward over every request's rows -> per request its logits [T, V] and
-    features [T, W]: the inputs of its `aux_ids[i]` layers (ascending), or the final hidden
-    when it has none. The forward captures the union of the layers; each request takes its
-    own columns."""
-    union = sorted(set().union(*aux_ids))
-    outs = target_forward(target, rows, tuple(union))
-    H = target.cfg.hidden_size
-    result = []
-    for out, ids in zip(outs, aux_ids):
-        feats = out.final_hidden[0]  # [T, H]
-        if ids:
-            wanted = sorted(set(ids))
-            feats = out.aux_hidden[0]  # [T, len(union) * H]
-            if wanted != union:
-                cols = torch.cat([torch.arange(union.index(a) * H, (union.index(a) + 1) * H,
-                                               device=feats.device) for a in wanted])
-                feats = feats.index_select(1, cols)
-        result.append(TreeLogits(out.logits[0], feats))
-    return result
-
-
-def decode(target: TargetModel, token: torch.Tensor, seq_len: int, cache: KVCache
-           ) -> torch.Tensor:
-    """A plain request's step alone: `token` [1] (on the device) at position `seq_len` ->
-    next-token logits [1, V]."""
-    position = torch.full((1, 1), seq_len, device=token.device)
-    return target(token.view(1, 1), position, cache, seq_len, None).logits[0, -1:]
+def extend_batch(exts: list[EagleDraftExtendInput]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Extends of several lengths as one batch, real rows last -> ids [B, T], hidden
+    [B, T, W], offsets [B, T] (cache row - seq_len: pads after the real rows), real rows."""
+    lens = [e.tokens.numel() for e in exts]
+    B, T, first = len(exts), max(lens), exts[0]
+    dev = first.tokens.device
+    ids = torch.zeros(B, T, dtype=torch.long, device=dev)
+    hidden = torch.zeros(B, T, first.hidden.shape[-1], dtype=first.hidden.dtype, device=dev)
+    offsets = torch.arange(T, device=dev).repeat(B, 1)
+    for b, (e, n) in enumerate(zip(exts, lens)):
+        ids[b, T - n:], hidden[b, T - n:] = e.tokens, e.hidden
+        offsets[b] = offsets[b].roll(T - n)
+    return ids, hidden, offsets, lens
 
 
 class EagerPhases:
@@ -100,9 +101,21 @@ class EagerPhases:
 
     def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
-        if len(runs) == 1:
-            return [draft(model, states[0], runs[0].draft_cache, runs[0].tree)]
-        return draft_levels(model, states, [r.draft_cache for r in runs], [r.tree for r in runs])
+        out: list[DraftTree | None] = [None] * len(runs)
+        for group in by_topk(runs):
+            if len(group) == 1:
+                (i,) = group
+                out[i] = draft(model, states[i], runs[i].draft_cache, runs[i].tree)
+                continue
+            s = [states[i] for i in group]
+            rows = OwnCaches([runs[i].draft_cache for i in group], [x.seq_len for x in s])
+            trees = draft_levels(model, rows, torch.stack([x.topk_p for x in s]),
+                                 torch.stack([x.topk_ids for x in s]),
+                                 torch.stack([x.hidden for x in s]),
+                                 [runs[i].tree for i in group])
+            for i, t in zip(group, trees):
+                out[i] = t
+        return out
 
     def verify(self, target: TargetModel, runs: list[Run], vins: list[EagleVerifyInput],
                plain: list[Run], tokens: list[torch.Tensor], seq_lens: list[int]
@@ -111,17 +124,24 @@ class EagerPhases:
         the trees' logits and features, then the plain requests' logits."""
         if not runs and not plain:  # a step of prefills only
             return []
-        if len(runs) + len(plain) == 1:
-            if runs:
-                return [run_target(target, vins[0], runs[0].cache, runs[0].aux_ids)]
-            return [TreeLogits(decode(target, tokens[0], seq_lens[0], plain[0].cache), None)]
-        rows = ([tree_rows(vin, r.cache) for r, vin in zip(runs, vins)]
-                + [decode_rows(tok, n, r.cache) for r, tok, n in zip(plain, tokens, seq_lens)])
-        return target_many(target, rows, [r.aux_ids for r in runs] + [() for _ in plain])
+        ids, depth, ancestors, lens = tree_batch(vins, tokens)
+        rows = OwnCaches([r.cache for r in runs + plain], [v.seq_len for v in vins] + seq_lens)
+        return verify_forward(target, rows, ids, depth, ancestors,
+                              [r.aux_ids for r in runs] + [None] * len(plain), lens)
 
     def extend(self, model: Eagle3Draft, runs: list[Run], exts: list[EagleDraftExtendInput]
                ) -> list[EagleDraftInput]:
-        if len(runs) == 1:
-            return [extend(model, exts[0], runs[0].draft_cache, runs[0].tree.topk)]
-        return extend_rows(model, exts, [r.draft_cache for r in runs],
-                           [r.tree.topk for r in runs])
+        out: list[EagleDraftInput | None] = [None] * len(runs)
+        for group in by_topk(runs):
+            if len(group) == 1:
+                (i,) = group
+                out[i] = extend(model, exts[i], runs[i].draft_cache, runs[i].tree.topk)
+                continue
+            e = [exts[i] for i in group]
+            ids, hidden, offsets, lens = extend_batch(e)
+            rows = OwnCaches([runs[i].draft_cache for i in group], [x.seq_len for x in e])
+            topk_p, topk_ids, h = extend_forward(model, rows, ids, hidden, offsets, lens,
+                                                 runs[group[0]].tree.topk)
+            for j, i in enumerate(group):
+                out[i] = draft_input(exts[i], topk_p[j], topk_ids[j], h[j])
+        return out

@@ -3,22 +3,27 @@ scheduler's phase backend under CUDA graphs.
 
 Under graphs every request's caches are rows of one `KVPool` per model (the target's, and each
 head's), leased as slots when the request is admitted, so a captured graph serves whichever
-requests a step brings: it reads their pool rows from a slot buffer. Each phase is one static
-function over a batch (`draft_static`, `verify_static`, `extend_static`, `decode_static`),
-captured per batch-size bucket (1, 2, 4, ... up to `max_batch`) and per static shape (the
-head and tree's widths) on first use, warm-up and capture writing only the pool's scratch row.
-A step's requests that share a graph replay the smallest bucket that holds them; the rows past
-them are padding that writes only the scratch row. Within a request, rows are padded too: a
-tree to its `max_rows` (the pad nodes see only the committed rows and themselves), an extend
-to `max_depth + 1` rows (pads first, real rows last: `ExtendRunner`). Attention gathers the
-batch's pool rows in each layer (`index_select`): a copy of B whole rows that a paged-attention
-kernel reading the pool in place would save.
+requests a step brings: it reads their pool rows from a slot buffer. A graph captures the
+phase's one definition (`draft.draft_levels`, `verify.verify_forward`, `accept.extend_forward`;
+plain decoding's step is a verify of one node) over the pool rows (`models/batched.PoolSlots`),
+the same function the CPU runs eagerly over the requests' own caches. A runner exists per
+phase, static shape (the head and tree's widths) and batch-size bucket (1, 2, 4, ... up to
+`max_batch`); `warm_up` captures every bucket of the trees a server starts with, and a shape
+first met later (a visitor's slider) is captured then. A step's requests that share a graph
+replay the smallest bucket that holds them; the rows past them are padding that writes only
+the pool's scratch row. Within a request, rows are padded too: a tree to its `max_rows` (the
+pad nodes see only the committed rows and themselves), an extend to `max_depth + 1` rows (pads
+first, real rows last). Outputs are copied out of the graph's memory at once, so no later
+replay of the step overwrites what a request still reads.
 
-A call that no graph takes (a draft with a step cut, whose level count the host decides; a head
-whose weights moved since capture; a shape past the cache) runs the eager phases
-(`batch_phases.EagerPhases`), the one definition that each static function is checked against
-(tests/test_cuda_graph.py, `selfcheck.phase_parity`). In GraphMode.STATIC (the CPU tests) the
-runners are never captured and run their static function on each call.
+A capture that fails stops with `GraphCaptureError`, naming the phase, its shape and the op
+(`capture_guard.CaptureGuard` names an op that reads the device or shapes by values before the
+capture is tried); `--no-cuda-graphs` runs every phase eagerly instead. At most `MAX_GRAPHS`
+runners live at once: past that, the one replayed least recently that no warm-up made goes.
+A call that no graph takes (a draft with a step cut, whose level count the host decides; a
+head whose weights moved since capture; a shape past the cache) runs the eager phases
+(`batch_phases.EagerPhases`). In GraphMode.STATIC (the CPU tests) the runners are never
+captured and run their function over the pool on each call.
 Not here: the phase math (draft / tree / verify / accept), which requests share a step
 (`scheduler.py`).
 """
@@ -32,15 +37,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .accept import draft_input
+from .accept import draft_input, extend_forward
 from .batch_phases import EagerPhases
+from .capture_guard import CaptureGuard, CaptureUnsafe
 from .config import SamplingParams, TreeParams
-from .draft import Frontier, expand, join, top_children
+from .draft import draft_levels
 from .io_struct import DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
-from .kv_cache import CacheSlots, KVCache, KVPool
+from .kv_cache import KVCache, KVPool
+from .models.batched import PoolSlots
 from .models.draft_model import Eagle3Draft
 from .models.target import TargetModel
-from .verify import TreeLogits
+from .verify import TreeLogits, verify_forward
 
 if TYPE_CHECKING:
     from .engine import EagleEngine
@@ -49,6 +56,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs before capture: lazy inits, cuBLAS workspaces, allocator growth
+# runners alive at once (each holds its buffers and its graph's share of the memory pool):
+# the warm-up's (every bucket of plain decoding and each head's default tree) plus the shapes
+# visitors' sliders make, the least recently replayed of those released first
+MAX_GRAPHS = 64
 
 
 class GraphMode(enum.Enum):
@@ -111,86 +122,40 @@ class GraphBuffers:
         return self.ids.shape[1]
 
 
-def block_mask(cols: torch.Tensor, seq_len: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """Each request's committed rows (< seq_len) and `block` [B, T, W] (which of the W rows from
-    seq_len each token sees) -> the whole-row mask [B, T, L]."""
-    W = block.shape[-1]
-    rel = cols - seq_len[:, None]  # [B, L] row relative to the committed length
-    inside = ((rel >= 0) & (rel < W))[:, None, :]  # [B, 1, L]
-    placed = block.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(-1, block.shape[1], -1))
-    return (rel < 0)[:, None, :] | (placed & inside)  # [B, T, L]
-
-
-def draft_static(model: Eagle3Draft, b: GraphBuffers, pool: KVPool, tree: TreeParams
-                 ) -> DraftTree:
-    """`draft.draft_levels` of a batch of requests with static shapes and no `step_cut`: the same
-    levels, candidate layout and arithmetic, with each request's committed length a device
-    value, its K scratch rows a level written by index from its committed length, and its mask
-    spanning its whole pool row. -> candidates [B, capacity]."""
-    K, S = tree.topk, tree.num_steps
-    B, dev = b.batch, b.ids.device
-    front, first = Frontier.first(b.scores, b.ids, b.hidden)  # [B, K], [B, K, Hd]
-    levels = [first]
-    for step in range(S - 1):
-        mask = block_mask(b.cols, b.seq_len, front.scratch_seen())  # [B, K, L]
-        positions = (b.seq_len + step)[:, None].expand(B, K)
-        rows = b.seq_len[:, None] + step * K + torch.arange(K, device=dev)  # [B, K]
-        logits, h = model(front.ids, front.hidden, positions, pool, 0, mask, from_target=False,
-                          at=CacheSlots(b.slots, rows))
-        front, level = expand(front, *top_children(logits, K, model.target_ids), h)
-        levels.append(level)
-    return join(levels)
-
-
-def verify_static(target: TargetModel, b: GraphBuffers, pool: KVPool,
-                  aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify.run_target` of a batch of trees padded to T nodes: node i of request b at cache
-    row seq_len + i, position seq_len + depth -> logits [B, T, V], features [B, T, W]."""
-    T = b.num_tokens
-    rows = b.seq_len[:, None] + torch.arange(T, device=b.ids.device)  # [B, T]
-    out = target(b.ids, b.seq_len[:, None] + b.offsets, pool, 0,
-                 block_mask(b.cols, b.seq_len, b.ancestors), aux_layer_ids,
-                 at=CacheSlots(b.slots, rows))
-    return out.logits, out.aux_hidden if aux_layer_ids else out.final_hidden
-
-
-def extend_static(model: Eagle3Draft, b: GraphBuffers, pool: KVPool, topk: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`accept.extend_rows` of a batch, each request's rows at cache rows (and positions)
-    seq_len + offsets, causal by row -> the top-k after each request's last buffer row
-    (probabilities [B, K], target ids [B, K]) and its recycled hidden [B, Hd]."""
-    T = b.num_tokens
-    rows = b.seq_len[:, None] + b.offsets  # [B, T] draft cache row == position
-    causal = torch.arange(T, device=b.ids.device) <= b.offsets[:, :, None]  # [B, T, T]
-    logits, h = model(b.ids, b.hidden, rows, pool, 0, block_mask(b.cols, b.seq_len, causal),
-                      from_target=True, last_only=True, at=CacheSlots(b.slots, rows))
-    return *top_children(logits[:, -1], topk, model.target_ids), h[:, -1]  # [B, K] [B, K] [B, Hd]
-
-
-def decode_static(target: TargetModel, b: GraphBuffers, pool: KVPool) -> torch.Tensor:
-    """`batch_phases.decode` of a batch: each request's token at row and position seq_len ->
-    logits [B, 1, V]."""
-    rows = b.seq_len[:, None]  # [B, 1]
-    mask = (b.cols <= rows)[:, None, :]  # [B, 1, L]
-    return target(b.ids, rows, pool, 0, mask, at=CacheSlots(b.slots, rows)).logits
-
-
 def weights_key(model: Eagle3Draft) -> tuple[int, int]:
     """Addresses of the draft's embedding and lm_head: a graph bakes them in at capture."""
     return model.embed_tokens.weight.data_ptr(), model.lm_head.weight.data_ptr()
 
 
+class GraphCaptureError(RuntimeError):
+    """A phase's graph could not be captured: start-up stops (`--no-cuda-graphs` runs the
+    phases eagerly)."""
+
+
 class GraphRunner:
-    """Capture and replay of one phase's static function for a bucket of B requests. A subclass
-    defines `fits(inp)` (one request's input matches the static shape), `prepare(i, inp)` (copy
-    it into batch row i of the buffers), `forward()` (the static function: reads only the
-    buffers, no host sync) and `output(out, i, inp)` (request i's result)."""
+    """Capture and replay of one phase's function over a bucket of B requests' pool rows. A
+    subclass defines `fits(inp)` (one request's input matches the static shape), `prepare(i,
+    inp)` (copy it into batch row i of the buffers), `forward()` (the phase over
+    `self.rows()`: reads only the buffers, no host sync) and `output(out, i, inp)` (request
+    i's result, copied out of graph memory)."""
 
     def __init__(self, buffers: GraphBuffers, pool: KVPool) -> None:
         self.buffers, self.pool = buffers, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured: Any = None
         self.slots = [pool.scratch] * buffers.batch  # what `buffers.slots` holds, on the host
+        self.bytes = 0  # device memory the capture took (GRAPHS); else the buffers' bytes
+        self.pinned = False  # made by `warm_up`: never evicted
+        self.last_used = 0
+
+    def rows(self) -> PoolSlots:
+        b = self.buffers
+        return PoolSlots(self.pool, b.slots, b.seq_len, b.cols)
+
+    def buffer_bytes(self) -> int:
+        b = self.buffers
+        return sum(t.numel() * t.element_size() for t in (
+            b.ids, b.hidden, b.offsets, b.ancestors, b.scores, b.seq_len, b.slots, b.cols))
 
     def capture(self, mempool: tuple[int, int], stream: torch.cuda.Stream) -> None:
         """Warm up and capture on the buffers as allocated: padding, writing the scratch row."""
@@ -256,24 +221,27 @@ class DraftRunner(GraphRunner):
         b = self.buffers
         b.ids[i].copy_(inp.topk_ids)
         b.scores[i].copy_(inp.topk_p)
-        b.hidden[i].copy_(inp.hidden.expand_as(b.hidden[i]))
+        b.hidden[i, 0].copy_(inp.hidden)
         b.seq_len[i].fill_(inp.seq_len)
 
-    def forward(self) -> DraftTree:
-        return draft_static(self.model, self.buffers, self.pool, self.tree)
+    def forward(self) -> list[DraftTree]:
+        b = self.buffers
+        return draft_levels(self.model, self.rows(), b.scores, b.ids, b.hidden[:, 0],
+                            [self.tree] * b.batch)
 
-    def output(self, out: DraftTree, i: int, inp: EagleDraftInput) -> DraftTree:
-        return DraftTree(out.scores[i].clone(), out.tokens[i].clone(), out.parents[i].clone())
+    def output(self, out: list[DraftTree], i: int, inp: EagleDraftInput) -> DraftTree:
+        return DraftTree(out[i].scores.clone(), out[i].tokens.clone(), out[i].parents.clone())
 
 
 class VerifyRunner(GraphRunner):
-    """The target over each request's tree, padded to `num_tokens` nodes; every hidden kept."""
+    """The target over each request's tree, padded to `num_tokens` nodes; `features`: the
+    layers whose inputs the head reads (`verify.verify_forward`), None for plain decoding."""
 
     def __init__(self, target: TargetModel, pool: KVPool, num_tokens: int,
-                 aux_layer_ids: tuple[int, ...], batch: int) -> None:
+                 features: tuple[int, ...] | None, batch: int) -> None:
         super().__init__(GraphBuffers.allocate(batch, num_tokens, 0, target.dtype, pool,
                                                target.device), pool)
-        self.target, self.aux_layer_ids = target, aux_layer_ids
+        self.target, self.features = target, features
         self.eye = self.buffers.ancestors[0].clone()  # [T, T] a pad node sees itself
 
     def fits(self, vin: EagleVerifyInput) -> bool:
@@ -291,15 +259,33 @@ class VerifyRunner(GraphRunner):
         b.ancestors[i, :n, :n].copy_(vin.ancestors)
         b.seq_len[i].fill_(vin.seq_len)
 
-    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return verify_static(self.target, self.buffers, self.pool, self.aux_layer_ids)
+    def forward(self) -> list[TreeLogits]:
+        b = self.buffers
+        return verify_forward(self.target, self.rows(), b.ids, b.offsets, b.ancestors,
+                              [self.features] * b.batch)
 
-    def output(self, out: tuple[torch.Tensor, torch.Tensor], i: int, vin: EagleVerifyInput
-               ) -> TreeLogits:
-        """Views into graph memory, valid until the next replay (the engine consumes them
-        first)."""
+    def output(self, out: list[TreeLogits], i: int, vin: EagleVerifyInput) -> TreeLogits:
         n = vin.tokens.numel()
-        return TreeLogits(out[0][i, :n], out[1][i, :n])
+        return TreeLogits(out[i].logits[:n].clone(), out[i].features[:n].clone())
+
+
+class DecodeRunner(VerifyRunner):
+    """Plain decoding's step, a verify of one node; input (token [1] on the device, committed
+    length)."""
+
+    def __init__(self, target: TargetModel, pool: KVPool, batch: int) -> None:
+        super().__init__(target, pool, 1, None, batch)
+
+    def fits(self, inp: tuple[torch.Tensor, int]) -> bool:
+        return inp[1] < self.pool.max_len
+
+    def prepare(self, i: int, inp: tuple[torch.Tensor, int]) -> None:
+        self.buffers.ids[i].copy_(inp[0])
+        self.buffers.seq_len[i].fill_(inp[1])
+
+    def output(self, out: list[TreeLogits], i: int, inp: tuple[torch.Tensor, int]
+               ) -> torch.Tensor:
+        return out[i].logits.clone()  # [1, V]
 
 
 class ExtendRunner(GraphRunner):
@@ -334,7 +320,9 @@ class ExtendRunner(GraphRunner):
         b.seq_len[i].fill_(ext.seq_len)
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return extend_static(self.model, self.buffers, self.pool, self.topk)
+        b = self.buffers
+        return extend_forward(self.model, self.rows(), b.ids, b.hidden, b.offsets, None,
+                              self.topk)
 
     def output(self, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], i: int,
                ext: EagleDraftExtendInput) -> EagleDraftInput:
@@ -342,35 +330,12 @@ class ExtendRunner(GraphRunner):
         return draft_input(ext, topk_p[i].clone(), topk_ids[i].clone(), hidden[i].clone())
 
 
-class DecodeRunner(GraphRunner):
-    """Plain decoding's one-token target step; input (token [1] on the device, committed
-    length)."""
-
-    def __init__(self, target: TargetModel, pool: KVPool, batch: int) -> None:
-        super().__init__(GraphBuffers.allocate(batch, 1, 0, target.dtype, pool, target.device),
-                         pool)
-        self.target = target
-
-    def fits(self, inp: tuple[torch.Tensor, int]) -> bool:
-        return inp[1] < self.pool.max_len
-
-    def prepare(self, i: int, inp: tuple[torch.Tensor, int]) -> None:
-        self.buffers.ids[i].copy_(inp[0])
-        self.buffers.seq_len[i].fill_(inp[1])
-
-    def forward(self) -> torch.Tensor:
-        return decode_static(self.target, self.buffers, self.pool)
-
-    def output(self, out: torch.Tensor, i: int, inp: tuple[torch.Tensor, int]) -> torch.Tensor:
-        return out[i]  # [1, V] a view, consumed before the next replay
-
-
 class GraphPhases(EagerPhases):
-    """The phase backend under graphs (`GraphMode.GRAPHS` on CUDA; STATIC runs the same static
-    functions without capture). Owns the pools the requests' caches are rows of (made at the
-    first lease; `max_batch` slots and a scratch row each) and the runners, made (and captured)
-    the first time a phase needs one: keyed by phase, static shape and bucket. Each phase serves
-    what a graph takes and hands the rest to `EagerPhases`."""
+    """The phase backend under graphs (`GraphMode.GRAPHS` on CUDA; STATIC runs the same
+    functions over the pools without capture). Owns the pools the requests' caches are rows of
+    (made at the first lease or warm-up; `max_batch` slots and a scratch row each) and the
+    runners, keyed by phase, static shape and bucket. Each phase serves what a graph takes and
+    hands the rest to `EagerPhases`."""
 
     def __init__(self, target: TargetModel, heads: dict[str, Eagle3Draft], max_len: int,
                  max_batch: int, mode: GraphMode) -> None:
@@ -379,52 +344,88 @@ class GraphPhases(EagerPhases):
         self.pool: KVPool | None = None
         self.draft_pools: dict[str, KVPool] = {}
         self.free = list(range(max_batch))[::-1]  # pool rows not leased
-        self.runners: dict[tuple, GraphRunner | None] = {}  # None: its capture failed
+        self.runners: dict[tuple, GraphRunner] = {}
         self.mempool: tuple[int, int] | None = None
+        self.uses = 0  # runner calls so far: the clock of `GraphRunner.last_used`
 
     # ----- caches
+    def _pools(self, head: str | None) -> None:
+        if self.pool is None:
+            self.pool = self.target.new_pool(self.max_batch, self.max_len)
+        if head is not None and head not in self.draft_pools:
+            model = self.heads[head]
+            self.draft_pools[head] = model.new_pool(self.max_batch, model.max_len)
+
     def lease(self, prompt_len: int, params: SamplingParams, tree: TreeParams,
               head: str | None) -> tuple[int | None, KVCache, KVCache | None]:
         if not self.free:
             raise RuntimeError(f"every one of the {self.max_batch} cache slots is leased")
-        if self.pool is None:
-            self.pool = self.target.new_pool(self.max_batch, self.max_len)
+        self._pools(head)
         slot = self.free.pop()
-        draft_cache = None
-        if head is not None:
-            if head not in self.draft_pools:
-                model = self.heads[head]
-                self.draft_pools[head] = model.new_pool(self.max_batch, model.max_len)
-            draft_cache = self.draft_pools[head].row(slot)
+        draft_cache = None if head is None else self.draft_pools[head].row(slot)
         return slot, self.pool.row(slot), draft_cache
 
     def release(self, slot: int | None) -> None:
         self.free.append(slot)
 
+    # ----- the runners of each phase: (key, make) for a shape and bucket
+    def _draft_runner(self, head: str, tree: TreeParams, B: int
+                      ) -> tuple[tuple, Callable[[], GraphRunner]] | None:
+        if tree.step_cut or tree.num_steps < 2:  # host-decided levels, or no level
+            return None
+        return (("draft", head, tree.topk, tree.num_steps, B),
+                lambda: DraftRunner(self.heads[head], self.draft_pools[head], tree, B))
+
+    def _verify_runner(self, features: tuple[int, ...], tree: TreeParams, B: int
+                       ) -> tuple[tuple, Callable[[], GraphRunner]]:
+        return (("verify", features, tree.max_rows, B),
+                lambda: VerifyRunner(self.target, self.pool, tree.max_rows, features, B))
+
+    def _decode_runner(self, B: int) -> tuple[tuple, Callable[[], GraphRunner]]:
+        return ("decode", B), lambda: DecodeRunner(self.target, self.pool, B)
+
+    def _extend_runner(self, head: str, tree: TreeParams, B: int
+                       ) -> tuple[tuple, Callable[[], GraphRunner]]:
+        return (("extend", head, tree.topk, tree.max_depth, B),
+                lambda: ExtendRunner(self.heads[head], self.target, self.draft_pools[head],
+                                     tree, B))
+
+    def warm_up(self, trees: dict[str, TreeParams]) -> list[GraphRunner]:
+        """Make (and with GRAPHS capture) every bucket of plain decoding and of each head's
+        tree in `trees` before the first request: none of them is captured during an answer,
+        nor evicted. Raises `GraphCaptureError` when one fails."""
+        made = []
+        for B in buckets(self.max_batch):
+            wanted = [self._decode_runner(B)]
+            for head, tree in trees.items():
+                self._pools(head)
+                aux = self.heads[head].cfg
+                features = (aux.resolve_aux_layer_ids(self.target.cfg)
+                            if aux.use_aux_hidden_state else ())
+                wanted += [self._verify_runner(features, tree, B),
+                           self._extend_runner(head, tree, B)]
+                if (draft := self._draft_runner(head, tree, B)) is not None:
+                    wanted.append(draft)
+            self._pools(None)
+            for key, make in wanted:
+                runner = self._runner(key, make)
+                runner.pinned = True
+                made.append(runner)
+        return made
+
     # ----- the phases
     def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
-        def runner(r: Run, B: int) -> DraftRunner | None:
-            if r.tree.step_cut or r.tree.num_steps < 2:  # host-decided levels, or no level
-                return None
-            key = ("draft", r.head, r.tree.topk, r.tree.num_steps, B)
-            return self._runner(key, lambda: DraftRunner(model, self.draft_pools[r.head],
-                                                         r.tree, B))
-        outs = self._serve(runs, states, runner)
+        outs = self._serve(runs, states, lambda r, B: self._draft_runner(r.head, r.tree, B))
         return self._eager_rest(outs, super().draft, model, runs, states)
 
     def verify(self, target: TargetModel, runs: list[Run], vins: list[EagleVerifyInput],
                plain: list[Run], tokens: list[torch.Tensor], seq_lens: list[int]
                ) -> list[TreeLogits]:
-        def tree_runner(r: Run, B: int) -> VerifyRunner:
-            key = ("verify", r.aux_ids, r.tree.max_rows, B)
-            return self._runner(key, lambda: VerifyRunner(target, self.pool, r.tree.max_rows,
-                                                          r.aux_ids, B))
-
-        def decode_runner(r: Run, B: int) -> DecodeRunner:
-            return self._runner(("decode", B), lambda: DecodeRunner(target, self.pool, B))
-        trees = self._serve(runs, vins, tree_runner)
-        decodes = self._serve(plain, list(zip(tokens, seq_lens)), decode_runner)
+        trees = self._serve(runs, vins,
+                            lambda r, B: self._verify_runner(r.aux_ids, r.tree, B))
+        decodes = self._serve(plain, list(zip(tokens, seq_lens)),
+                              lambda r, B: self._decode_runner(B))
         outs = trees + [None if d is None else TreeLogits(d, None) for d in decodes]
         rest = [i for i, o in enumerate(outs) if o is None]  # the trees' first, in order
         if rest:
@@ -439,29 +440,23 @@ class GraphPhases(EagerPhases):
 
     def extend(self, model: Eagle3Draft, runs: list[Run], exts: list[EagleDraftExtendInput]
                ) -> list[EagleDraftInput]:
-        def runner(r: Run, B: int) -> ExtendRunner:
-            key = ("extend", r.head, r.tree.topk, r.tree.max_depth, B)
-            return self._runner(key, lambda: ExtendRunner(model, self.target,
-                                                          self.draft_pools[r.head], r.tree, B))
-        outs = self._serve(runs, exts, runner)
+        outs = self._serve(runs, exts, lambda r, B: self._extend_runner(r.head, r.tree, B))
         return self._eager_rest(outs, super().extend, model, runs, exts)
 
     # ----- runners
     def _serve(self, runs: list[Run], inputs: list[Any],
-               runner: Callable[[Run, int], GraphRunner | None]) -> list[Any]:
+               spec: Callable[[Run, int], tuple[tuple, Callable[[], GraphRunner]] | None]
+               ) -> list[Any]:
         """Each request's output from a graph (None where none takes it): the requests whose
-        inputs one runner fits replay it together, in the smallest bucket that holds them."""
-        groups: dict[int, tuple[GraphRunner, Run, list[int]]] = {}
+        inputs one shape fits replay it together, in the smallest bucket that holds them."""
+        groups: dict[tuple, tuple[Run, list[int]]] = {}
         for i, r in enumerate(runs):
-            shape = None if r.slot is None else runner(r, 1)  # a shape's `fits` for every bucket
-            if shape is not None and shape.fits(inputs[i]):
-                groups.setdefault(id(shape), (shape, r, []))[2].append(i)
+            one = None if r.slot is None else spec(r, 1)  # a shape's `fits` for every bucket
+            if one is not None and self._runner(*one).fits(inputs[i]):
+                groups.setdefault(one[0], (r, []))[1].append(i)
         outs: list[Any] = [None] * len(runs)
-        for shape, first, idx in groups.values():
-            graph = shape if len(idx) == 1 else runner(first, bucket_for(len(idx),
-                                                                         self.max_batch))
-            if graph is None:
-                continue
+        for first, idx in groups.values():
+            graph = self._runner(*spec(first, bucket_for(len(idx), self.max_batch)))
             for i, out in zip(idx, graph([inputs[i] for i in idx], [runs[i].slot for i in idx])):
                 outs[i] = out
         return outs
@@ -476,28 +471,51 @@ class GraphPhases(EagerPhases):
                 outs[i] = out
         return outs
 
-    def _runner(self, key: tuple, make: Callable[[], GraphRunner]) -> GraphRunner | None:
-        """The runner for `key`, made (and captured with GRAPHS) the first time; None when its
-        capture failed (that shape then runs eagerly)."""
-        if key not in self.runners:
+    def _runner(self, key: tuple, make: Callable[[], GraphRunner]) -> GraphRunner:
+        """The runner for `key`, made (and with GRAPHS captured) the first time. A failed
+        capture raises `GraphCaptureError`; past `MAX_GRAPHS` runners the least recently
+        replayed one that no warm-up made goes first."""
+        self.uses += 1
+        runner = self.runners.get(key)
+        if runner is None:
+            self._evict()
             runner = make()
+            runner.bytes = runner.buffer_bytes()
             if self.mode is GraphMode.GRAPHS:
-                try:
-                    self.capture(runner)
-                except RuntimeError as e:  # out of memory, or an op that cannot be captured
-                    log.warning("CUDA graph capture of %s failed, it runs eagerly "
-                                "(--no-cuda-graphs skips capture): %s", key, e)
-                    runner = None
+                self.capture(key, runner)
             self.runners[key] = runner
-        return self.runners[key]
+        runner.last_used = self.uses
+        return runner
 
+    def _evict(self) -> None:
+        spare = [k for k, r in self.runners.items() if not r.pinned]
+        while len(self.runners) >= MAX_GRAPHS and spare:
+            key = min(spare, key=lambda k: self.runners[k].last_used)
+            spare.remove(key)
+            gone = self.runners.pop(key)
+            if gone.graph is not None:
+                gone.graph.reset()
+            log.info("CUDA graph %s released (%d graphs at most)", key, MAX_GRAPHS)
 
-    def capture(self, runner: GraphRunner) -> None:
-        """Capture `runner` into the backend's one graph memory pool."""
+    def capture(self, key: tuple, runner: GraphRunner) -> None:
+        """Capture `runner` into the backend's one graph memory pool, after one run under
+        `CaptureGuard` (which names an op no graph can hold) -> `runner.bytes`, the device
+        memory the capture took. Raises `GraphCaptureError`."""
         if self.mempool is None:
             self.mempool = torch.cuda.graph_pool_handle()
-        runner.capture(self.mempool, torch.cuda.Stream())
-        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        try:
+            with CaptureGuard():
+                runner.forward()
+            runner.capture(self.mempool, torch.cuda.Stream())
+            torch.cuda.synchronize()
+        except (RuntimeError, CaptureUnsafe) as e:
+            raise GraphCaptureError(
+                f"CUDA graph capture of the {key[0]} phase failed (shape {key[1:-1]}, bucket "
+                f"{key[-1]}): {e}. Start with --no-cuda-graphs to run every phase eagerly"
+            ) from e
+        runner.bytes = max(runner.buffer_bytes(), torch.cuda.memory_allocated() - before)
+        log.info("captured the %s graph %s: %.1f MiB", key[0], key[1:], runner.bytes / 2 ** 20)
 
 
 def phases_for(engine: EagleEngine, max_batch: int) -> EagerPhases:

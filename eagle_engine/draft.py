@@ -1,12 +1,13 @@
 """Draft phase: `num_steps` levels of top-k expansion with cumulative path scores (EAGLE-2
 dynamic tree), each decode step attending to the committed draft cache plus the exact ancestry
 of every frontier node. Scratch KV rows live past the committed length and are overwritten by
-the next draft extend. `draft_levels` is the one definition, over the requests of one head;
-`Frontier`, `top_children` and `expand` are the expansion rule, shared with the static-shape
-(CUDA-graph) draft in `cuda_graph.py`. Two faster implementations of the same function are
-checked against it: that static draft (tests/test_cuda_graph.py) and, for a q8 head on a CPU,
-one C++ call for a request's whole draft (`FusedDecoder.draft`, tests/test_cpu_lowbit.py).
-With a `step_cut`, the levels stop once the frontier's best path is below it (`goes_on`).
+the next draft extend. `draft_levels` is the one definition, over a batch of requests of one
+head, run over either row placement (`models/batched.py`): eagerly over the requests' own
+caches, and as the function a CUDA graph captures over pool rows (`cuda_graph.DraftRunner`).
+`Frontier`, `top_children` and `expand` are the expansion rule. For a q8 head on a CPU, a
+request alone drafts in one C++ call (`FusedDecoder.draft`), checked against `draft_levels`
+bit for bit (tests/test_cpu_lowbit.py). With a `step_cut`, a request's levels stop once its
+frontier's best path is below it (`going_on`).
 Not here: choosing the final `num_draft_tokens` (`tree.py`).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from .config import TreeParams
 from .io_struct import DraftTree, EagleDraftInput
 from .kv_cache import KVCache
-from .models.batched import SeqRows, draft_forward
+from .models.batched import OwnCaches, Placement
 from .models.draft_model import Eagle3Draft
 
 
@@ -48,6 +49,11 @@ class Frontier:
         ancestry = torch.zeros(*topk_ids.shape, 0, dtype=torch.bool, device=dev)
         front = cls(index, topk_p, topk_ids, hidden, ancestry, K)
         return front, DraftTree(topk_p, topk_ids, torch.full_like(topk_ids, -1))
+
+    def select(self, keep: list[int]) -> Frontier:
+        """The batch rows `keep` [n] of a batched frontier ([B, K] fields)."""
+        return Frontier(*(torch.stack([t[b] for b in keep]) for t in (
+            self.index, self.score, self.ids, self.hidden, self.ancestry)), self.offset)
 
     def scratch_seen(self) -> torch.Tensor:
         """[..., K, (level+1)*K] bool: which of the scratch rows from the committed length each
@@ -86,11 +92,15 @@ def expand(front: Frontier, child_p: torch.Tensor, child_ids: torch.Tensor,
     return nxt, level
 
 
-def goes_on(front: Frontier, tree: TreeParams) -> bool:
-    """Whether the next draft decode step runs: always without a `step_cut`; with one, while the
-    frontier's best path scores at least the cut (every child it adds scores at most that path).
-    The check reads a scalar back: a host sync on a GPU."""
-    return not tree.step_cut or float(front.score.max()) >= tree.step_cut
+def going_on(front: Frontier, trees: list[TreeParams]) -> list[int]:
+    """Which of the batch's requests run the next draft decode step: all without a `step_cut`;
+    one with a cut while its frontier's best path scores at least the cut (every child it adds
+    scores at most that path). A cut reads the scores back: a host sync on a GPU, which is why
+    no CUDA graph takes a tree with one."""
+    if not any(t.step_cut for t in trees):
+        return list(range(len(trees)))
+    best = front.score.amax(-1).tolist()  # [B]
+    return [b for b, t in enumerate(trees) if not t.step_cut or best[b] >= t.step_cut]
 
 
 def join(levels: list[DraftTree]) -> DraftTree:
@@ -109,40 +119,38 @@ def draft(model: Eagle3Draft, inp: EagleDraftInput, cache: KVCache,
     if tree.num_steps > 1 and fused is not None and fused.drafts:
         return DraftTree(*fused.draft(model, inp.topk_p, inp.topk_ids, inp.hidden, inp.seq_len,
                                       tree.num_steps, cache.data, tree.step_cut))
-    return draft_levels(model, [inp], [cache], [tree])[0]
+    rows = OwnCaches([cache], [inp.seq_len])
+    return draft_levels(model, rows, inp.topk_p[None], inp.topk_ids[None], inp.hidden[None],
+                        [tree])[0]
 
 
 @torch.inference_mode()
-def draft_levels(model: Eagle3Draft, states: list[EagleDraftInput], caches: list[KVCache],
-                 trees: list[TreeParams]) -> list[DraftTree]:
-    """The draft of every request of one head, level by level: level 1 is the extend's top-k;
-    each further level is one draft forward over every request's frontier (its K nodes at
-    position seq_len + level - 1, written to scratch rows past its committed length, seeing its
-    committed rows and its own ancestry) and `expand`. A request drops out after its
-    `num_steps` levels, or once its `step_cut` stops it (`goes_on`). The forward is batched
-    over the requests (`models/batched.py`): each gets the numbers it gets alone."""
-    fronts, levels, prefixes = [], [], []
-    for inp, tree in zip(states, trees):
-        K = tree.topk
-        front, first = Frontier.first(inp.topk_p, inp.topk_ids, inp.hidden.expand(K, -1))
-        fronts.append(front)
-        levels.append([first])
-        prefixes.append(torch.ones(K, inp.seq_len, dtype=torch.bool, device=inp.hidden.device))
-    live = list(range(len(trees)))
+def draft_levels(model: Eagle3Draft, rows: Placement, topk_p: torch.Tensor,
+                 topk_ids: torch.Tensor, hidden: torch.Tensor, trees: list[TreeParams]
+                 ) -> list[DraftTree]:
+    """The draft of a batch of requests of one head and one `topk` K, level by level: level 1
+    is each request's extend top-k (topk_p, topk_ids [B, K], under its recycled hidden
+    [B, Hd]); each further level is one draft forward over the batch's frontiers (K nodes a
+    request at position seq_len + level - 1, written to the K scratch rows past its committed
+    length that the level owns, each seeing its committed rows and its own ancestry) and
+    `expand`. A request leaves the batch after its `num_steps` levels, or once its `step_cut`
+    stops it (`going_on`). -> each request's candidates [capacity]."""
+    B, K = topk_ids.shape
+    front, first = Frontier.first(topk_p, topk_ids, hidden[:, None].expand(B, K, -1))
+    levels = [[DraftTree(first.scores[b], first.tokens[b], first.parents[b])] for b in range(B)]
+    live = list(range(B))  # the requests of the batch still drafting, in batch order
+    slots = torch.arange(K, device=topk_ids.device)  # [K]
     for step in range(max(t.num_steps for t in trees) - 1):
-        live = [i for i in live if step < trees[i].num_steps - 1 and goes_on(fronts[i], trees[i])]
-        if not live:
+        going = [j for j in going_on(front, [trees[b] for b in live])
+                 if step < trees[live[j]].num_steps - 1]
+        if not going:
             break
-        rows = []
-        for i in live:
-            K, seq, front = trees[i].topk, states[i].seq_len, fronts[i]
-            mask = torch.cat([prefixes[i], front.scratch_seen()], dim=1)  # [K, seq+(step+1)K]
-            positions = torch.full((K,), seq + step, device=front.ids.device)
-            rows.append(SeqRows(front.ids, positions, caches[i], seq + step * K, mask,
-                                front.hidden))
-        for i, (logits, h) in zip(live, draft_forward(model, rows, from_target=False)):
-            K = trees[i].topk
-            fronts[i], level = expand(fronts[i], *top_children(logits[0], K, model.target_ids),
-                                      h[0])
-            levels[i].append(level)
+        if len(going) < len(live):
+            front, rows, live = front.select(going), rows.subset(going), [live[j] for j in going]
+        pos = torch.full_like(front.ids, step)  # [B, K] position - seq_len
+        logits, h = rows.draft(model, front.ids, front.hidden, pos, step * K + slots,
+                               step * K, front.scratch_seen(), None, from_target=False)
+        front, level = expand(front, *top_children(logits, K, model.target_ids), h)
+        for j, b in enumerate(live):
+            levels[b].append(DraftTree(level.scores[j], level.tokens[j], level.parents[j]))
     return [join(lv) for lv in levels]

@@ -98,6 +98,16 @@ def causal_mask(T: int, start: int, device: torch.device | str,
     return mask
 
 
+def block_mask(cols: torch.Tensor, seq_len: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Each request's committed rows (< seq_len [B]) and `block` [B, T, W] (which of the W rows
+    from seq_len each token sees), over the cache columns `cols` [L] -> the mask [B, T, L]."""
+    W = block.shape[-1]
+    rel = cols - seq_len[:, None]  # [B, L] row relative to the committed length
+    inside = ((rel >= 0) & (rel < W))[:, None, :]  # [B, 1, L]
+    placed = block.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(-1, block.shape[1], -1))
+    return (rel < 0)[:, None, :] | (placed & inside)  # [B, T, L]
+
+
 def tree_mask(ancestors: torch.Tensor, start: int) -> torch.Tensor:
     """ancestors [N, N] bool (ancestor-or-self) -> [1, N, start+N]: full prefix + tree block."""
     N = ancestors.shape[0]

@@ -30,7 +30,7 @@ import torch
 
 from . import kernels
 from .accept import commit, extend, extend_input, read_back
-from .batch_phases import EagerPhases, decode
+from .batch_phases import EagerPhases
 from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
                      TreeParams)
 from .cuda_graph import GraphMode, GraphPhases, buckets
@@ -45,7 +45,7 @@ from .models.layers import Rope
 from .models.target import TargetModel
 from .sync_count import per_step
 from .tree import build_tree
-from .verify import accepted_path, greedy_acceptance, run_target
+from .verify import accepted_path, decode, greedy_acceptance, run_target
 
 TINY_TARGET = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
                "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -304,7 +304,7 @@ def parity_step(target: TargetModel, head: Eagle3Draft, backend: GraphPhases,
 def decode_parity(target: TargetModel, backend: GraphPhases, pairs: list[ParityPair],
                   diff: Diff, steps: int = 3) -> None:
     """Plain decoding's step for every request at once through the backend against
-    `batch_phases.decode` alone, from each request's committed rows."""
+    `verify.decode` alone, from each request's committed rows."""
     tokens = [p.state.root for p in pairs]
     seq_lens = [p.state.seq_len for p in pairs]
     for _ in range(steps):

@@ -2,6 +2,9 @@
 lossless acceptance: greedy (longest path agreeing with the target argmax, plus the bonus token)
 or tree speculative sampling (siblings tried in draft order against one coin per level, residual
 distribution on rejection), which reproduces the target's sampling distribution exactly.
+`verify_forward` is the one definition of the forward over a batch, run over either row
+placement (`models/batched.py`); plain decoding's step is the same forward over a tree of one
+node (`decode`).
 
 Acceptance runs on the device without reading anything on the host: every node gets "accepted
 if its parent is" (greedy: its token is the target's argmax after the parent; sampling: its
@@ -19,7 +22,8 @@ import torch
 from .config import SamplingParams
 from .io_struct import EagleVerifyInput, EagleVerifyOutput
 from .kernels import TORCH, StepOps
-from .kv_cache import KVCache, tree_mask
+from .kv_cache import KVCache
+from .models.batched import OwnCaches, Placement
 from .models.target import TargetModel
 from .sampling import greedy, sample_from, target_probs
 
@@ -27,16 +31,55 @@ from .sampling import greedy, sample_from, target_probs
 @dataclass(slots=True)
 class TreeLogits:
     logits: torch.Tensor  # [N, vocab] float32: row i = target distribution after node i
-    features: torch.Tensor  # [N, EagleDraftExtendInput.hidden_size_for] draft-extend inputs
+    features: torch.Tensor | None  # [N, EagleDraftExtendInput.hidden_size_for] draft-extend
+    # inputs (None for a plain request)
+
+
+def verify_forward(target: TargetModel, rows: Placement, tokens: torch.Tensor,
+                   depth: torch.Tensor, ancestors: torch.Tensor,
+                   features: list[tuple[int, ...] | None], lens: list[int] | None = None
+                   ) -> list[TreeLogits]:
+    """The verify forward of a batch: request b's tree, tokens [B, N] (root first; a plain
+    request's next token is a tree of one node), node i at cache row seq_len + i and position
+    seq_len + depth [B, N], seeing its committed rows and its ancestors-or-self [B, N, N].
+    `lens` [B]: each tree's real nodes, first (over own caches only the real nodes run).
+    `features[b]`: the target layers whose inputs request b's head reads (its aux ids, or ()
+    for the final hidden), None for a plain request (logits only). One forward captures the
+    union of the layers; each request takes its own columns. -> per request its nodes' logits
+    [n, V] and features [n, W]."""
+    N, H = tokens.shape[1], target.cfg.hidden_size
+    union = sorted(set().union(*(f for f in features if f)))
+    outs = rows.target(target, tokens, depth,
+                       torch.arange(N, device=tokens.device), 0, ancestors, lens, tuple(union))
+    result = []
+    for (logits, aux, final), wanted in zip(outs, features):
+        feats = None
+        if wanted is not None:
+            feats = aux if wanted else final
+            if wanted and sorted(set(wanted)) != union:
+                cols = torch.cat([torch.arange(union.index(a) * H, (union.index(a) + 1) * H,
+                                               device=aux.device) for a in sorted(set(wanted))])
+                feats = aux.index_select(-1, cols)
+        result.append(TreeLogits(logits, feats))
+    return result
 
 
 def run_target(target: TargetModel, vin: EagleVerifyInput, cache: KVCache,
                aux_layer_ids: tuple[int, ...]) -> TreeLogits:
-    """Target forward on the tree; KV rows [seq_len, seq_len+N) hold the tree in node order."""
-    out = target(vin.tokens[None], vin.positions[None], cache, vin.seq_len,
-                 tree_mask(vin.ancestors, vin.seq_len), aux_layer_ids)
-    feats = out.aux_hidden if aux_layer_ids else out.final_hidden
-    return TreeLogits(out.logits[0], feats[0])
+    """One request's verify forward on its own cache (`verify_forward` of it alone)."""
+    rows = OwnCaches([cache], [vin.seq_len])
+    return verify_forward(target, rows, vin.tokens[None], vin.depth[None], vin.ancestors[None],
+                          [aux_layer_ids])[0]
+
+
+def decode(target: TargetModel, token: torch.Tensor, seq_len: int, cache: KVCache
+           ) -> torch.Tensor:
+    """A plain request's step alone: `token` [1] (on the device) at position `seq_len`, a tree
+    of one node -> next-token logits [1, V]."""
+    rows = OwnCaches([cache], [seq_len])
+    one = torch.ones(1, 1, 1, dtype=torch.bool, device=token.device)
+    return verify_forward(target, rows, token.view(1, 1), torch.zeros_like(token).view(1, 1), one,
+                          [None])[0].logits
 
 
 def accepted_path(vin: EagleVerifyInput, best: torch.Tensor, bonus: torch.Tensor

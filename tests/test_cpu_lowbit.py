@@ -366,11 +366,11 @@ def test_fused_head_equals_its_python_layers(tmp_path: Path, num_layers: int) ->
     {"fc_norm": True, "norm_output": True}])
 def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None:
     """A q8 head's draft extend as one C++ call (`FusedDecoder.extend`) gives the bits of its
-    Python definition over the same kernels (`accept.extend_rows`): the top-k, their target ids,
+    Python definition over the same kernels (`accept.extend_forward`): the top-k, their target ids,
     the recycled hidden and the cache rows it writes, for one row and for three after a
     prefix; an EAGLE-3.1 head's norm per aux chunk (`fc_norm`) included. A head with one norm
     over all the features before `fc` keeps the steps."""
-    from eagle_engine.accept import extend, extend_rows
+    from eagle_engine.accept import extend
     from eagle_engine.io_struct import EagleDraftExtendInput
 
     engine = tiny_engine(tmp_path, {"head": {"intermediate_size": 64, **head_kw},
@@ -387,7 +387,10 @@ def test_one_call_extend_equals_its_steps(tmp_path: Path, head_kw: dict) -> None
     for start, T in ((5, 1), (6, 3), (9, 2)):
         ext = EagleDraftExtendInput(torch.randint(3, 96, (T,), generator=g),
                                     torch.randn(T, width, generator=g), start)
-        got, want = extend(head, ext, caches[0], 3), extend_rows(head, [ext], [caches[1]], [3])[0]
+        got = extend(head, ext, caches[0], 3)
+        head.fused.extends = False  # the one definition, over the same kernels
+        want = extend(head, ext, caches[1], 3)
+        head.fused.extends = True
         for a, b in ((got.topk_p, want.topk_p), (got.topk_ids, want.topk_ids),
                      (got.hidden, want.hidden), (caches[0].data, caches[1].data)):
             assert a.shape == b.shape and torch.equal(a, b)

@@ -1,8 +1,9 @@
 """The static-buffer (CUDA-graph) path against the dynamic path.
 
-On CPU the runners replay their static functions eagerly (GraphMode.STATIC): padding, copy-in
-and slice-out, whole-cache masks and index-written KV rows must give the eager phases' tokens
-exactly and their floats to rounding, phase by phase and through the whole engine. The graph
+On CPU the runners run the phases' one definition over the pools eagerly (GraphMode.STATIC):
+padding, copy-in and slice-out, whole-row masks and index-written KV rows must give the eager
+phases' tokens exactly and their floats to rounding, phase by phase and through the whole
+engine. The graph
 tests proper (captured replay == eager for every shape and padding, no host sync under
 `torch.cuda.set_sync_debug_mode("error")`, graphs on by default) are marked `cuda` and skipped
 without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU.
@@ -26,11 +27,11 @@ from eagle_engine.cuda_graph import (
     GraphMode,
     GraphPhases,
     VerifyRunner,
-    block_mask,
     bucket_for,
     buckets,
     graph_mode,
 )
+from eagle_engine.kv_cache import block_mask
 from eagle_engine.engine import EagleEngine
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from eagle_engine.kernels import reference

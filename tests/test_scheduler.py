@@ -249,13 +249,13 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(
     requests = mixed_requests(3)
     handles = [scheduler.submit(*r) for r in requests]
     scheduler.step()
-    real = sched.target_many
+    real = sched.verify_forward
 
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("injected")
-    monkeypatch.setattr(sched, "target_many", broken)
+    monkeypatch.setattr(sched, "verify_forward", broken)
     scheduler.step()
-    monkeypatch.setattr(sched, "target_many", real)
+    monkeypatch.setattr(sched, "verify_forward", real)
     for h in handles:
         with pytest.raises(RuntimeError, match="injected"):
             list(h.events())
