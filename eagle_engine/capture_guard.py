@@ -1,7 +1,7 @@
 """`CaptureGuard`: refuses, by name, every op a CUDA graph cannot hold.
 
 A graph replays fixed kernels on fixed addresses, so a captured function may not read a value
-on the host (`.item()`, `float(t)`, `if t:`, which all dispatch `_local_scalar_dense`) nor run
+on the host (`.item()`, `float(t)`, `if t:`, which dispatch `item` or `_local_scalar_dense`) nor run
 an op whose output shape depends on values (`nonzero`, `masked_select`, `unique`,
 `repeat_interleave` with a tensor of repeats and no output size, boolean-mask indexing, ...).
 Under the guard such an op raises `CaptureUnsafe` naming it, on any device: the CPU tests run
@@ -21,6 +21,7 @@ aten = torch.ops.aten
 # ops that read a value on the host or shape their output by values
 UNSAFE = {
     aten._local_scalar_dense.default: "reads a value on the host (.item(), float(), bool())",
+    aten.item.default: "reads a value on the host (.item(), float(), bool())",
     aten.nonzero.default: "has a data-dependent output shape",
     aten.masked_select.default: "has a data-dependent output shape",
     aten._unique2.default: "has a data-dependent output shape",
