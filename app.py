@@ -8,7 +8,7 @@ package, engine load with warm-up, plus a copy of a GGUF target with the other w
 (q4 <-> dense) on a CPU, each target's verify cost in plain-decoding steps for the speedup
 estimate, the loaded objects frozen out of garbage collection, launch on GRADIO_SERVER_NAME /
 GRADIO_SERVER_PORT). With `--max-batch` B > 1 (the default) up to B visitors are answered at
-once: their requests go to one `Scheduler` per engine, stepped together on the engine thread;
+once: their requests go to the engine's own `Scheduler`, stepped together on the engine thread;
 B = 1 answers one request at a time.
 After an EAGLE-3 answer, plain decoding of the same prompt runs for the race ("compare", or the
 Race button); the page replays the race from the two runs' recorded timings (`assets/race.js`).
@@ -42,7 +42,6 @@ from eagle_engine.config import (CHAIN_SURE, CONTEXT_DRAFTS, ConfigError, Engine
                                  SamplingParams, TreeParams, gguf_target)
 from eagle_engine.events import StepEvent
 from eagle_engine.race import Lane, compare_html, live_html, race_data, result_text
-from eagle_engine.scheduler import Scheduler
 from eagle_engine.speed_estimate import Estimate, VerifyCost, estimate, measure, measured_speedup
 
 log = logging.getLogger("app")
@@ -257,18 +256,20 @@ class StopFlags:
 class Playground:
     """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
     a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
-    Both engines share the tokenizer and carry the same heads. Every request goes through a
-    `Scheduler`, the engine's one loop: with `max_batch` > 1 one per engine stepped on the
-    engine thread (up to `max_batch` answered together); with 1, the engine's own, stepped
-    by `engine.stream` on the engine thread."""
+    Both engines share the tokenizer and carry the same heads. Every request goes through the
+    engine's own `Scheduler` (one set of caches and CUDA graphs an engine): with `max_batch` > 1
+    it steps on the engine thread as requests come (up to `max_batch` answered together); with
+    1, `engine.stream` steps it on the engine thread."""
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
                  costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
                  panel_interval: float = PANEL_INTERVAL_S) -> None:
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
-        self.schedulers = {w: Scheduler(e, max_batch, worker) for w, e in self.engines.items()
-                           } if max_batch > 1 else {}
+        self.batched = max_batch > 1
+        if self.batched:  # each engine's own scheduler, its steps on the engine thread
+            for engine in engines:
+                engine.scheduler.step_on(worker)
         self.frame_interval, self.panel_interval = frame_interval, panel_interval
         # each target's verify cost in plain steps (the speedup estimate), keyed like engines;
         # held, not copied: a measurement that ends after start-up (`fill_cost`) joins it
@@ -303,13 +304,12 @@ class Playground:
         """The request's events: from the engine's scheduler (a stopped visitor's request leaves
         before its next step), or, one request at a time, each step of `engine.stream` on the
         engine thread."""
-        scheduler = self.schedulers.get(engine.config.weights_label)
-        if scheduler is None:
+        if not self.batched:
             stream = engine.stream(ids, sampling, tree, head)
             while (ev := self.worker.call(next, stream, None)) is not None:
                 yield ev
             return
-        handle = scheduler.submit(ids, sampling, tree, head)
+        handle = engine.scheduler.submit(ids, sampling, tree, head)
         try:
             yield from handle.events()
         finally:
@@ -780,7 +780,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "default: the bundled heads, for the bundled target only)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
-                   help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
+                   help="auto: bf16 on CUDA GPUs from Ampere on and on CPUs with AVX512-BF16/AMX, "
+                        "fp16 on older GPUs, else fp32")
     p.add_argument("--max-len", type=int, default=4096, help="context window in tokens")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--weights", default="auto", choices=["auto", "q4", "dense"],
@@ -865,9 +866,8 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     head = ui.default_head(engines[0].head_info())
     if device == "cpu" and not args.no_tune:  # the fastest weights and tree on this machine
         engines = autotune.apply(engines, autotune.tune(engines, head and head.name))
-    for engine in engines:
-        engine.generate(engine.encode("Hi"), SamplingParams(max_new_tokens=4),
-                        engine.default_tree, head and head.name)
+    for engine in engines:  # graphs captured here, never in a visitor's answer
+        engine.warm_up()
     log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
     return engines
 

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-from eagle_engine import cuda_graph
 from eagle_engine.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner
@@ -94,9 +93,9 @@ class FreeReplay:
         pass
 
 
-def capture_free(phases: GraphPhases, runner: GraphRunner) -> None:
-    """`GraphPhases.capture` without CUDA: the runner runs its static function once on its
-    buffers as allocated and keeps that output, as a graph keeps its output buffers."""
+def capture_free(phases: GraphPhases, key: tuple, runner: GraphRunner) -> None:
+    """`GraphPhases.capture` without CUDA: the runner runs its phase once on its buffers as
+    allocated and keeps that output, as a graph keeps its output buffers."""
     runner.captured = runner.forward()
     runner.graph = FreeReplay()
 
@@ -105,15 +104,15 @@ def capture_free(phases: GraphPhases, runner: GraphRunner) -> None:
 def free_replays(engine: EagleEngine):
     """`engine` runs in graph mode on the CPU, its replays free (`capture_free`): a scheduler
     made under the patch holds `GraphPhases`."""
-    saved = cuda_graph.graph_mode, GraphPhases.capture, engine.scheduler
-    cuda_graph.graph_mode = lambda enabled, device: GraphMode.GRAPHS
+    saved = engine.graph_mode, GraphPhases.capture, engine.scheduler
+    engine.graph_mode = GraphMode.GRAPHS
     GraphPhases.capture = capture_free
     engine.scheduler = Scheduler(engine)
     assert isinstance(engine.scheduler.phases, GraphPhases)
     try:
         yield
     finally:
-        cuda_graph.graph_mode, GraphPhases.capture, engine.scheduler = saved
+        engine.graph_mode, GraphPhases.capture, engine.scheduler = saved
 
 
 def main(argv: list[str] | None = None) -> None:

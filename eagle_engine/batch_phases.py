@@ -99,6 +99,10 @@ class EagerPhases:
     def release(self, slot: int | None) -> None:
         """A request's slot is free again (nothing to do without slots)."""
 
+    def warm_up(self, trees: dict[str, TreeParams]) -> list:
+        """Nothing to make ahead: the eager phases have no graphs (`GraphPhases.warm_up`)."""
+        return []
+
     def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
         out: list[DraftTree | None] = [None] * len(runs)

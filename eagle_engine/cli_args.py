@@ -16,7 +16,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="bundled",
                    help="bundled (default head) | bundled head name | directory | hub id")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
-                   help="auto: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else fp32")
+                   help="auto: bf16 on CUDA GPUs from Ampere on and on CPUs with AVX512-BF16/AMX, "
+                        "fp16 on older GPUs, else fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-len", type=int, default=4096, help="context window to allocate")
     p.add_argument("--allow-pickle", action="store_true",

@@ -32,9 +32,12 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_dtype(name: str, device: str) -> str:
-    """'auto' -> 'bf16' where bf16 is native (`native_bf16`), else 'fp32'; other names checked."""
+    """'auto' -> 'bf16' where bf16 is native (`native_bf16`), else 'fp16' on a CUDA GPU (before
+    Ampere: fp16 tensor cores, no bf16 ones) and 'fp32' on a CPU; other names checked."""
     if name == "auto":
-        return "bf16" if hardware.native_bf16(device) else "fp32"
+        if hardware.native_bf16(device):
+            return "bf16"
+        return "fp16" if device.startswith("cuda") else "fp32"
     parse_dtype(name)
     return name
 

@@ -123,8 +123,11 @@ class GraphBuffers:
 
 
 def weights_key(model: Eagle3Draft) -> tuple[int, int]:
-    """Addresses of the draft's embedding and lm_head: a graph bakes them in at capture."""
-    return model.embed_tokens.weight.data_ptr(), model.lm_head.weight.data_ptr()
+    """Addresses of the draft's embedding and lm_head (its codes when they are low-bit): a
+    graph bakes them in at capture."""
+    lm_head = model.lm_head
+    held = lm_head.weight if hasattr(lm_head, "weight") else lm_head.codes
+    return model.embed_tokens.weight.data_ptr(), held.data_ptr()
 
 
 class GraphCaptureError(RuntimeError):

@@ -97,8 +97,12 @@ def load_heads(config: EngineConfig, target: TargetModel, dtype: torch.dtype
 
 class EagleEngine:
     def __init__(self, target: TargetModel, tokenizer: object, heads: dict[str, Eagle3Draft],
-                 config: EngineConfig) -> None:
+                 config: EngineConfig, graph_mode: GraphMode | None = None) -> None:
+        """`graph_mode`: the phase backend's mode (default: `cuda_graph.graph_mode` of the
+        config on the target's device; STATIC runs the graphed path without capture, on a
+        CPU too)."""
         self.target, self.tokenizer, self.heads, self.config = target, tokenizer, heads, config
+        self.graph_mode = graph_mode or cuda_graph.graph_mode(config.cuda_graphs, target.device)
         self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2 ** 20)
         self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
@@ -141,11 +145,19 @@ class EagleEngine:
         return [HeadInfo(n, h.cfg.num_layers, h.cfg.use_aux_hidden_state, h.cfg.draft_vocab_size)
                 for n, h in self.heads.items()]
 
-    @property
-    def graph_mode(self) -> GraphMode:
-        """Whether requests run CUDA-graph phases (on CUDA unless `config.cuda_graphs` is off),
-        which lease each request a slot of its scheduler's cache pools."""
-        return cuda_graph.graph_mode(self.config.cuda_graphs, self.target.device)
+    def warm_up(self, prompt_ids: list[int] | None = None) -> None:
+        """Before serving: under CUDA graphs, capture every batch-size bucket of plain decoding
+        and of each head's default tree (a failed capture raises `GraphCaptureError`); then one
+        short answer a head (and one plain) to `prompt_ids` (default: a chat saying "Hi"), so
+        no visitor's first answer pays a first use."""
+        t0 = time.perf_counter()
+        made = self.scheduler.phases.warm_up({h: self.default_tree for h in self.heads})
+        if made:
+            log.info("captured %d CUDA graphs in %.1f s (%.1f MiB)", len(made),
+                     time.perf_counter() - t0, sum(r.bytes for r in made) / 2 ** 20)
+        ids = self.encode("Hi") if prompt_ids is None else prompt_ids
+        for head in [*self.heads, None]:
+            self.generate(ids, SamplingParams(max_new_tokens=4), self.default_tree, head)
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt

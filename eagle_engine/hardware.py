@@ -19,12 +19,18 @@ def cache_root() -> Path:
 
 
 def native_bf16(device: str) -> bool:
-    """bf16 matrix products run natively: on CUDA, or on a CPU with AVX512-BF16 or AMX. A CPU
-    without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token verify
-    cost ~9x one token in bf16, ~2x in fp32, `bench --costs`)."""
+    """bf16 matrix products run natively: on a CUDA GPU of compute capability 8.0 or later
+    (Ampere on; a T4 or V100 has no bf16 tensor cores), or on a CPU with AVX512-BF16 or AMX. A
+    CPU without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token
+    verify cost ~9x one token in bf16, ~2x in fp32, `bench --costs`)."""
     if device.startswith("cuda"):
-        return True
+        return cuda_capability(device) >= (8, 0)
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def cuda_capability(device: str) -> tuple[int, int]:
+    """The compute capability of CUDA `device` ("cuda" or "cuda:N")."""
+    return torch.cuda.get_device_capability(torch.device(device))
 
 
 def compiler_available() -> bool:

@@ -41,9 +41,9 @@ step, whose caches are dropped, and the scheduler takes the next requests as bef
 A request's time (`RunStats.elapsed_s`) runs from its admission: a shared step counts whole
 for each request in it, and, as the scheduler never waits for a caller, the time a visitor's
 frames take on the same cores is in it too.
-Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on one engine
-thread: the `executor` given (the app's `EngineThread`), or the caller of `step` /
-`run_until_idle`, as `EagleEngine.stream` does.
+Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on the
+`executor` given (`step_on`: the app's `EngineThread`), or on the caller of `step` /
+`run_until_idle`, as `EagleEngine.stream` does; steps never overlap.
 Not here: the phases' math (`batch_phases.py`, draft/tree/verify/accept) or the UI.
 """
 from __future__ import annotations
@@ -173,6 +173,7 @@ class Scheduler:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         self.executor = executor
         self._lock = threading.Lock()
+        self._stepping = threading.Lock()  # held through a step
         self._waiting: deque[_Pending] = deque()
         self._active: list[_Active] = []
         self.phases = phases_for(engine, self.max_batch)  # leases caches, runs the phases
@@ -196,6 +197,14 @@ class Scheduler:
             self.executor.submit(self._tick)
         return handle
 
+    def step_on(self, executor: Executor) -> None:
+        """From now on, steps start on `executor` (the app's engine thread) as requests come;
+        call it before any request is queued."""
+        with self._lock:
+            if self._waiting or self._active:
+                raise RuntimeError("step_on with requests queued or running")
+            self.executor = executor
+
     @property
     def busy(self) -> bool:
         with self._lock:
@@ -218,7 +227,13 @@ class Scheduler:
 
     def step(self) -> None:
         """One step of every running request. An error outside a step's shared phases (those
-        fail only their requests) ends every running request, so the scheduler never stalls."""
+        fail only their requests) ends every running request, so the scheduler never stalls.
+        Steps never overlap: a caller stepping its own request (`EagleEngine.stream`) while the
+        executor steps takes turns with it, each step serving every request."""
+        with self._stepping:
+            self._guarded_step()
+
+    def _guarded_step(self) -> None:
         try:
             self._step()
         except Exception as e:  # noqa: BLE001 - reported to every running request

@@ -795,7 +795,44 @@ The CPU side of these checks runs in CI: pytest tests/test_kernels.py tests/test
 On a CUDA machine: """
 
 
+def app_path_report(args: argparse.Namespace) -> dict:
+    """`--app-path`: the app's serving path on --target (`app_path.check_app_path`): captured
+    graphs on CUDA, GraphMode.STATIC on a CPU."""
+    from .app_path import VISITORS, check_app_path
+    from .cli_args import pick_head
+
+    cuda = torch.cuda.is_available()
+    config = EngineConfig(target=args.target, drafts=(args.draft,), dtype=args.dtype,
+                          device="cuda" if cuda else "cpu", max_len=args.max_len,
+                          max_batch=VISITORS, prefix_cache_mb=64)
+    loaded = EagleEngine.load(config)
+    head = pick_head(loaded, args.draft)
+    graphed = EagleEngine(loaded.target, loaded.tokenizer, loaded.heads, config,
+                          None if cuda else GraphMode.STATIC)
+    eager = EagleEngine(loaded.target, loaded.tokenizer, loaded.heads,
+                        replace(config, cuda_graphs=False, max_batch=1, prefix_cache_mb=0))
+    _, texts = load_prompts(args.prompts, args.limit)
+    device = f"cuda ({torch.cuda.get_device_name()})" if cuda else f"cpu ({cpu_model()})"
+    result = check_app_path(graphed, eager, head, [loaded.encode(t) for t in texts],
+                            args.max_new_tokens)
+    return {"device": device, "torch": torch.__version__, "target": args.target,
+            "head": head, "dtype": config.dtype, "weights": config.weights,
+            "checks": [{"check": result["check"], "result": "PASS" if result["ok"] else "FAIL",
+                        "detail": "; ".join(result["failures"]) or
+                        f"rounds {', '.join(result['rounds_equal'])}", "ok": result["ok"]}],
+            "app_path": result}
+
+
 def cmd_selfcheck(args: argparse.Namespace) -> None:
+    if args.app_path:
+        rep = app_path_report(args)
+        print(json.dumps(rep["app_path"], indent=1))
+        if args.report is not None:
+            args.report.write_text(json.dumps(rep, indent=1) + "\n")
+            print(f"report written to {args.report}")
+        if not rep["app_path"]["ok"]:
+            raise SystemExit(1)
+        return
     if not torch.cuda.is_available() and args.report is None:
         print(SKIPPED + LLAMA_COMMAND)
         return
@@ -829,5 +866,9 @@ def add_selfcheck_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget-s", type=float, default=540.0,
                    help="measurements that would start later are skipped")
     p.add_argument("--skip-model", action="store_true", help="only the tiny-model checks")
+    p.add_argument("--app-path", action="store_true",
+                   help="check the app's own serving path on --target (graphs captured at "
+                        "warm-up, one scheduler on an engine thread, mixed trees, trace and "
+                        "prefix cache on; on a CPU without capture) against the eager engine")
     add_tree_args(p)
     p.set_defaults(func=cmd_selfcheck)

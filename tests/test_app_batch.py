@@ -70,7 +70,7 @@ def test_a_stopped_visitor_leaves_the_batch(engine: EagleEngine) -> None:
     frames = pg.run([], QUESTIONS[3], s)
     next(frames)
     frames.close()  # what Gradio does when the visitor presses Stop
-    scheduler = pg.schedulers[engine.config.weights_label]
+    scheduler = engine.scheduler
     status = answer(pg, QUESTIONS[0], s)[1]  # the engine goes on with the next visitor
     assert "Done" in status and not scheduler.busy
 

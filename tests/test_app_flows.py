@@ -64,7 +64,7 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     assert status.startswith("Done")
     assert record["text"] == answer(fresh, QUESTIONS[3], full)[0]["text"]
     if max_batch > 1:
-        assert not pg.schedulers[engine.config.weights_label].busy
+        assert not engine.scheduler.busy
 
 
 def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(

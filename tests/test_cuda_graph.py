@@ -72,7 +72,8 @@ def failures(rows: list) -> list:
     return [(r.check, r.detail) for r in rows if not r.ok]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
                                              f"{'-ctx' * t.context_drafts}" for t in TREES])
 def test_static_phases_equal_eager_phases(tree: TreeParams, dtype: torch.dtype) -> None:
@@ -297,7 +298,8 @@ def test_cpu_engine_keeps_the_eager_path() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("tree", TREES, ids=[f"K{t.topk}-S{t.num_steps}-N{t.num_draft_tokens}"
                                              f"{'-ctx' * t.context_drafts}" for t in TREES])
 def test_graph_replay_equals_eager(tree: TreeParams, dtype: torch.dtype) -> None:
@@ -338,3 +340,14 @@ def test_engine_uses_graphs_by_default_on_cuda_and_matches_eager() -> None:
     assert failures(batch_parity(engines, "tiny", prompts, TINY_TREE, 60)) == []
     runners = engines[1].scheduler.phases.runners
     assert {key[-1] for key in runners} >= {1, 2} and all(runners.values())  # captured buckets
+
+
+def test_auto_dtype_is_fp16_on_a_gpu_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A T4 or V100 (compute capability below 8.0) has fp16 tensor cores and no bf16 ones."""
+    from eagle_engine import hardware
+    from eagle_engine.config import resolve_dtype
+
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (7, 5))
+    assert resolve_dtype("auto", "cuda") == "fp16" and resolve_dtype("bf16", "cuda") == "bf16"
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (9, 0))
+    assert resolve_dtype("auto", "cuda:0") == "bf16"
