@@ -97,7 +97,6 @@ class GraphBuffers:
     scores: torch.Tensor  # [B, T] float32 draft: the level-1 top-k probabilities
     seq_len: torch.Tensor  # [B] int64 committed length of each request
     slots: torch.Tensor  # [B] int64 pool row of each request (`KVPool.scratch` for padding)
-    cols: torch.Tensor  # [L] int64 arange over the pool's rows
 
     @classmethod
     def allocate(cls, batch: int, num_tokens: int, width: int, dtype: torch.dtype,
@@ -110,8 +109,7 @@ class GraphBuffers:
                    offsets=torch.arange(T, **long).repeat(B, 1),
                    ancestors=eye.repeat(B, 1, 1),
                    scores=torch.full((B, T), 1.0 / T, device=device),
-                   seq_len=torch.zeros(B, **long), slots=torch.full((B,), pool.scratch, **long),
-                   cols=torch.arange(pool.max_len, **long))
+                   seq_len=torch.zeros(B, **long), slots=torch.full((B,), pool.scratch, **long))
 
     @property
     def batch(self) -> int:
@@ -152,13 +150,15 @@ class GraphRunner:
         self.last_used = 0
 
     def rows(self) -> PoolSlots:
+        """The batch's pool rows; attention reads them in place on CUDA (the Triton kernel),
+        gathers them under a mask elsewhere (STATIC on a CPU)."""
         b = self.buffers
-        return PoolSlots(self.pool, b.slots, b.seq_len, b.cols)
+        return PoolSlots(self.pool, b.slots, b.seq_len, self.pool.data.is_cuda)
 
     def buffer_bytes(self) -> int:
         b = self.buffers
         return sum(t.numel() * t.element_size() for t in (
-            b.ids, b.hidden, b.offsets, b.ancestors, b.scores, b.seq_len, b.slots, b.cols))
+            b.ids, b.hidden, b.offsets, b.ancestors, b.scores, b.seq_len, b.slots))
 
     def capture(self, mempool: tuple[int, int], stream: torch.cuda.Stream) -> None:
         """Warm up and capture on the buffers as allocated: padding, writing the scratch row."""

@@ -21,11 +21,18 @@ from .kernels import TORCH, StepOps
 
 @dataclass(slots=True)
 class CacheSlots:
-    """Where a static-shape forward over a `KVPool` writes: sequence b writes its token t at
-    cache row `rows[b, t]` of the pool's batch row `slots[b]`, and attends over that whole row."""
+    """Where a static-shape forward over a `KVPool` writes and what it attends over: sequence
+    b writes its token t at cache row `rows[b, t]` of the pool's batch row `slots[b]`, and
+    attends over that row: its committed rows (< seq_len[b]) and, of the W rows from there,
+    those `block` shows each token. `kernel`: attention reads the rows in use in place
+    (`kernels/pool_attention.py`, CUDA); else its definition gathers whole rows
+    (`kernels/reference.pool_attention`)."""
 
     slots: torch.Tensor  # [B] int64 the pool's batch row of each sequence
     rows: torch.Tensor  # [B, T] int64 the cache row each token is written to
+    seq_len: torch.Tensor  # [B] int64 committed rows of each sequence
+    block: torch.Tensor  # [B, T, W] bool which rows from seq_len each token sees
+    kernel: bool = False
 
 
 class KVCache:
@@ -96,16 +103,6 @@ def causal_mask(T: int, start: int, device: torch.device | str,
         mask = mask & (cols[None] >= valid_from[:, None, None])
         mask = mask | (cols[None] == rows[None])
     return mask
-
-
-def block_mask(cols: torch.Tensor, seq_len: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """Each request's committed rows (< seq_len [B]) and `block` [B, T, W] (which of the W rows
-    from seq_len each token sees), over the cache columns `cols` [L] -> the mask [B, T, L]."""
-    W = block.shape[-1]
-    rel = cols - seq_len[:, None]  # [B, L] row relative to the committed length
-    inside = ((rel >= 0) & (rel < W))[:, None, :]  # [B, 1, L]
-    placed = block.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(-1, block.shape[1], -1))
-    return (rel < 0)[:, None, :] | (placed & inside)  # [B, T, L]
 
 
 def tree_mask(ancestors: torch.Tensor, start: int) -> torch.Tensor:

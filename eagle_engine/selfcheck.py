@@ -38,7 +38,7 @@ from .draft import draft
 from .engine import EagleEngine
 from .hardware import cpu_model
 from .io_struct import EagleDraftExtendInput, EagleDraftInput
-from .kernels.checks import kernel_mismatches
+from .kernels.checks import kernel_mismatches, triton_kernels
 from .kv_cache import KVCache, causal_mask
 from .models.draft_model import Eagle3Draft
 from .models.layers import Rope
@@ -408,7 +408,7 @@ def gpu_checks() -> list[Row]:
     """The CUDA-only checks on the tiny models: kernels, graphed phases, syncs, engine."""
     dev = torch.device("cuda")
     rows = [verdict(f"kernel {name} == reference (cuda)", failures, f"{count} cases")
-            for name, (count, failures) in kernel_mismatches(kernels.TRITON, dev).items()]
+            for name, (count, failures) in kernel_mismatches(triton_kernels(), dev).items()]
     with torch.inference_mode():
         target, head = tiny_models(dev)
         rows += phase_parity(target, head, TINY_TREE, GraphMode.GRAPHS)

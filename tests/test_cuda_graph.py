@@ -31,10 +31,10 @@ from eagle_engine.cuda_graph import (
     buckets,
     graph_mode,
 )
-from eagle_engine.kv_cache import block_mask
 from eagle_engine.engine import EagleEngine
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from eagle_engine.kernels import reference
+from eagle_engine.kernels.reference import block_mask
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.scheduler import Scheduler
 from eagle_engine.selfcheck import (

@@ -22,13 +22,22 @@ import torch
 
 from eagle_engine import kernels
 from eagle_engine.kernels import reference
-from eagle_engine.kernels.checks import compact_cases, kernel_mismatches, tree_cases, verify_cases
+from eagle_engine.kernels.checks import (
+    INTERPRETER_DTYPES,
+    compact_cases,
+    kernel_mismatches,
+    pool_cases,
+    tree_cases,
+    triton_kernels,
+    verify_cases,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 CASES = ([("tree_build", c[0]) for c in tree_cases()]
          + [("verify_greedy", c[0]) for c in verify_cases()]
-         + [("kv_compact", c[0]) for c in compact_cases()])
+         + [("kv_compact", c[0]) for c in compact_cases()]
+         + [("pool_attention", c[0]) for c in pool_cases(dtypes=INTERPRETER_DTYPES)])
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +53,11 @@ def interpreted() -> dict:
 
 
 def test_kernels_really_run_in_the_interpreter(interpreted: dict) -> None:
-    assert interpreted["kernel_types"] == ["InterpretedFunction"] * 3
+    assert interpreted["kernel_types"] == ["InterpretedFunction"] * 4
     assert {k: v[0] for k, v in interpreted["results"].items()} == {
         "tree_build": len(tree_cases()), "verify_greedy": len(verify_cases()),
-        "kv_compact": len(compact_cases())}
+        "kv_compact": len(compact_cases()),
+        "pool_attention": len(pool_cases(dtypes=INTERPRETER_DTYPES))}
 
 
 @pytest.mark.parametrize("kernel, case", CASES, ids=[f"{k}: {c}" for k, c in CASES])
@@ -75,10 +85,15 @@ def test_checks_catch_a_wrong_kernel() -> None:
         depth, ancestors, retrieve = reference.build_tree_from_parents(parents, max_depth)
         return depth + 1, ancestors, retrieve
 
+    def wrong_attention(q, k, v, slots, seq_len, block):  # noqa: ANN001, ANN202
+        return reference.pool_attention(q, k, v, slots, seq_len + 1, block)  # one row too many
+
     impl = SimpleNamespace(build_tree_from_parents=wrong_tree, compact_kv=reference.compact_kv,
-                           verify_tree_greedy=reference.verify_tree_greedy)
+                           verify_tree_greedy=reference.verify_tree_greedy,
+                           pool_attention=wrong_attention)
     results = kernel_mismatches(impl, "cpu")
     assert len(results["tree_build"][1]) == len(tree_cases())
+    assert len(results["pool_attention"][1]) == len(pool_cases())
     assert results["verify_greedy"][1] == [] and results["kv_compact"][1] == []
 
 
@@ -108,6 +123,6 @@ def test_backends_by_device() -> None:
 @pytest.mark.cuda
 def test_kernels_on_the_device_match_reference() -> None:
     assert kernels.step_ops(torch.device("cuda"), cpp=False) is kernels.TRITON
-    results = kernel_mismatches(kernels.TRITON, "cuda")
+    results = kernel_mismatches(triton_kernels(), "cuda")
     assert {name: failures for name, (_, failures) in results.items()} == {
-        "tree_build": [], "verify_greedy": [], "kv_compact": []}
+        "tree_build": [], "verify_greedy": [], "kv_compact": [], "pool_attention": []}

@@ -20,7 +20,7 @@ from eagle_engine.chat import encode_chat
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.kv_cache import causal_mask
-from eagle_engine.models.layers import attend, score_bias
+from eagle_engine.kernels.attention import attend, score_bias
 from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel, TargetOutput
 from tests.helpers import TINY

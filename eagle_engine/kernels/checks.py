@@ -1,7 +1,7 @@
 """Inputs for checking the kernels against their references: edge cases (single node, chain,
 star, full binary tree, depth truncation; nothing / everything accepted; identity, reversed and
-overlapping compactions) plus seeded random trees, and one function that runs any kernel
-implementation on them. Shared by tests/test_kernels.py (Triton interpreter on CPU) and
+overlapping compactions; pool attention at ragged lengths and at the pool's edge) plus seeded
+random trees, and one function that runs any kernel implementation on them. Shared by tests/test_kernels.py (Triton interpreter on CPU) and
 `selfcheck` (the real kernels on CUDA). Not here: the kernels or the references themselves.
 """
 from __future__ import annotations
@@ -65,17 +65,64 @@ def compact_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor, 
     return out
 
 
+ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# the Triton interpreter's tl.dot multiplies bf16 operands as their raw bits (2.6e10 off for a
+# 16x16 product of unit values): under it the attention is checked in fp32 and fp16 only, and
+# in bf16 on the device (`selfcheck`, tests marked cuda)
+INTERPRETER_DTYPES = (torch.float32, torch.float16)
+
+
+def pool_cases(seed: int = 0, dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+               ) -> list[tuple[str, tuple[torch.Tensor, ...]]]:
+    """(name, (q [B, H, T, d], k, v [rows, KVH, L, d] layers of a pool, slots [B], seq_len [B],
+    block [B, T, W])): ragged committed lengths (0, across key tiles of 64), trees, causal and
+    lone rows, grouped and ungrouped heads, a row ending at the pool's edge, three dtypes."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [  # name, H, KVH, T, W, L, seq_lens, d
+        ("ragged trees", 6, 2, 5, 5, 160, [0, 37, 64, 130], 32),
+        ("decode rows", 4, 4, 1, 1, 96, [1, 63, 65], 16),
+        ("extend, causal", 9, 3, 4, 4, 80, [12, 50], 64),
+        ("at the pool's edge", 6, 3, 3, 3, 70, [67, 5], 24)]
+    out = []
+    for dtype in dtypes:
+        for name, H, KVH, T, W, L, seqs, d in shapes:
+            B = len(seqs)
+            data = torch.randn(B + 2, 4, KVH, L, d, generator=g).to(dtype)  # [rows, (layer, k|v)]
+            k, v = data[:, 2], data[:, 3]  # one layer's views, strided as a pool's
+            q = torch.randn(B, H, T, d, generator=g).to(dtype)
+            slots = torch.randperm(B + 2, generator=g)[:B]
+            if "causal" in name:
+                block = torch.ones(T, W, dtype=torch.bool).tril().expand(B, T, W).clone()
+            else:
+                parents = [-1] + [int(torch.randint(0, j, (), generator=g)) for j in range(1, T)]
+                block = reference.build_tree_from_parents(torch.tensor(parents), T)[1]
+                block = block[:, :W].expand(B, T, W).clone()
+            out.append((f"{name} {dtype}", (q, k, v, slots, torch.tensor(seqs), block)))
+    return out
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal to float rounding: fp32 to 1e-5 of the largest value, bf16 / fp16 to 2e-2."""
+    tol = 1e-5 if want.dtype == torch.float32 else 2e-2
+    scale = want.float().abs().max().clamp_min(1e-6)
+    return got.shape == want.shape and bool(
+        (got.cpu().float() - want.float()).abs().max() <= tol * scale)
+
+
 def same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
     return len(got) == len(want) and all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
 
 
-def kernel_mismatches(impl: ModuleType | SimpleNamespace, device: torch.device | str
+def kernel_mismatches(impl: ModuleType | SimpleNamespace, device: torch.device | str,
+                      pool_dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
                       ) -> dict[str, tuple[int, list[str]]]:
-    """Run `impl`'s three functions on `device` against the references on CPU (bit-exact).
+    """Run `impl`'s four functions on `device` against the references on CPU (bit-exact, the
+    attention to rounding: `close`).
     -> {kernel: (number of cases, failing case names, with the error if one was raised)}."""
     out: dict[str, tuple[int, list[str]]] = {}
     for kernel, cases in (("tree_build", tree_cases()), ("verify_greedy", verify_cases()),
-                          ("kv_compact", compact_cases())):
+                          ("kv_compact", compact_cases()),
+                          ("pool_attention", pool_cases(dtypes=pool_dtypes))):
         failures = []
         for name, *args in cases:
             try:
@@ -99,6 +146,10 @@ def check_case(impl: ModuleType | SimpleNamespace, kernel: str, args: list,
         (tensors,) = args
         return same(impl.verify_tree_greedy(*(t.to(device) for t in tensors)),
                     reference.verify_tree_greedy(*tensors))
+    if kernel == "pool_attention":
+        (tensors,) = args
+        return close(impl.pool_attention(*(t.to(device) for t in tensors)),
+                     reference.pool_attention(*tensors))
     cache, src, dst = args
     got, want = cache.to(device), cache.clone()
     impl.compact_kv(got, src.to(device), dst)
@@ -106,19 +157,27 @@ def check_case(impl: ModuleType | SimpleNamespace, kernel: str, args: list,
     return same((got,), (want,))
 
 
+def triton_kernels() -> SimpleNamespace:
+    """Every Triton kernel of the package by its reference's name (imports triton)."""
+    from . import kv_compact, pool_attention, tree_build, verify_greedy
+
+    return SimpleNamespace(build_tree_from_parents=tree_build.build_tree_from_parents,
+                           verify_tree_greedy=verify_greedy.verify_tree_greedy,
+                           compact_kv=kv_compact.compact_kv,
+                           pool_attention=pool_attention.pool_attention)
+
+
 def main() -> None:
     """`TRITON_INTERPRET=1 python -m eagle_engine.kernels.checks`: the Triton kernels through
     the interpreter on CPU, printed as one JSON line (tests/test_kernels.py runs this in a
     subprocess: the flag must be set before triton is first imported)."""
-    from . import kv_compact, tree_build, verify_greedy
+    from . import kv_compact, pool_attention, tree_build, verify_greedy
 
-    impl = SimpleNamespace(build_tree_from_parents=tree_build.build_tree_from_parents,
-                           verify_tree_greedy=verify_greedy.verify_tree_greedy,
-                           compact_kv=kv_compact.compact_kv)
     jitted = (tree_build._tree_build_kernel, verify_greedy._verify_greedy_kernel,
-              kv_compact._kv_compact_kernel)
+              kv_compact._kv_compact_kernel, pool_attention._pool_attention_kernel)
     print(json.dumps({"kernel_types": [type(k).__name__ for k in jitted],
-                      "results": kernel_mismatches(impl, "cpu")}))
+                      "results": kernel_mismatches(triton_kernels(), "cpu",
+                                                   INTERPRETER_DTYPES)}))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""Pure-torch references for the tree bookkeeping and sampling kernels. A CPU runs these until
-the q4 weights have loaded the C++ kernels (`cpu_step.cpp`); the Triton and C++ bookkeeping
-kernels in this package must match them exactly, the C++ sampler up to float rounding
+"""Pure-torch references for the tree bookkeeping and sampling kernels, and for attention over
+a KV pool's rows. A CPU runs these until the q4 weights have loaded the C++ kernels
+(`cpu_step.cpp`); the Triton and C++ bookkeeping kernels in this package must match them
+exactly, the C++ sampler and the Triton pool attention up to float rounding
 (tests/test_kernels.py, tests/test_cpu_step.py)."""
 from __future__ import annotations
 
 import torch
+
+from .attention import attend, score_bias
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -91,3 +94,25 @@ def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     # (always computed: testing whether any row needs it would read the device on the host)
     dead = probs.gather(-1, ids) == 0
     return torch.where(dead, argmax_rows(probs)[:, None], ids)[:, 0]
+
+
+def block_mask(cols: torch.Tensor, seq_len: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Each request's committed rows (< seq_len [B]) and `block` [B, T, W] (which of the W rows
+    from seq_len each token sees), over the cache columns `cols` [L] -> the mask [B, T, L]."""
+    W = block.shape[-1]
+    rel = cols - seq_len[:, None]  # [B, L] row relative to the committed length
+    inside = ((rel >= 0) & (rel < W))[:, None, :]  # [B, 1, L]
+    placed = block.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(-1, block.shape[1], -1))
+    return (rel < 0)[:, None, :] | (placed & inside)  # [B, T, L]
+
+
+def pool_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                   seq_len: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """q [B, H, T, d] of request b over pool row slots[b] of k, v [rows, KVH, L, d]: its
+    committed rows and the rows of `block` [B, T, W] from seq_len (`block_mask`), the whole
+    rows gathered (a copy of B rows), through the eager phases' `attention.attend`, so both
+    round alike -> [B, H, T, d]."""
+    keys = k.index_select(0, slots).to(q.dtype)  # [B, KVH, L, d]
+    values = v.index_select(0, slots).to(q.dtype)
+    mask = block_mask(torch.arange(k.shape[2], device=q.device), seq_len, block)  # [B, T, L]
+    return attend(q, keys, values, score_bias(mask, q.shape[1], k.shape[1], q.dtype))

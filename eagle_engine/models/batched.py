@@ -11,8 +11,9 @@ committed row is visible). A placement runs the model over such a batch:
   batch is padded to T, its pad rows never computed), written contiguously from the committed
   length plus the phase's `base`, and attention reads exactly the rows in use;
 - `PoolSlots` (the static shapes CUDA graphs capture): the requests' rows of a `KVPool`,
-  addressed by device tensors (slot, committed length), every row of the batch computed, and
-  each token's mask spanning its whole pool row (`kv_cache.block_mask`).
+  addressed by device tensors (slot, committed length), every row of the batch computed;
+  attention reads each request's rows in use in place (`kernels/pool_attention.py`), or, off
+  CUDA, its definition gathers whole rows (`kernels/reference.pool_attention`).
 `OwnCaches` runs its requests through `target_forward` / `draft_forward`, which read each
 weight once for all requests while attention runs per request over its own cache:
 - fused low-bit layers (`cpu_lowbit.FusedDecoder`, the q4 target and q8 heads on CPU) do it in
@@ -32,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv_cache import CacheSlots, KVCache, KVPool, block_mask
+from ..kernels.attention import score_bias
+from ..kv_cache import CacheSlots, KVCache, KVPool
 from .draft_model import Eagle3Draft
-from .layers import score_bias
 from .target import TargetModel, TargetOutput
 
 
@@ -180,21 +181,25 @@ class OwnCaches:
 
 class PoolSlots:
     """The requests' rows `slots` [B] of a `KVPool`, committed lengths `seq_len` [B], both
-    device tensors; `cols` [L] is an arange over the pool's rows (see the module docstring)."""
+    device tensors (see the module docstring).
+    `kernel`: attention reads the rows in use in place (`kernels/pool_attention.py`, on
+    CUDA); else its definition gathers whole rows (`kernels/reference.pool_attention`)."""
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, seq_len: torch.Tensor,
-                 cols: torch.Tensor) -> None:
-        self.pool, self.slots, self.seq_len, self.cols = pool, slots, seq_len, cols
+                 kernel: bool) -> None:
+        self.pool, self.slots, self.seq_len, self.kernel = pool, slots, seq_len, kernel
 
-    def _at(self, offsets: torch.Tensor) -> CacheSlots:
-        return CacheSlots(self.slots, self.seq_len[:, None] + offsets)  # rows [B, T]
+    def _at(self, offsets: torch.Tensor, block: torch.Tensor) -> CacheSlots:
+        """Where the batch writes (rows [B, T]) and what it attends over."""
+        return CacheSlots(self.slots, self.seq_len[:, None] + offsets, self.seq_len, block,
+                          self.kernel)
 
     def target(self, target: TargetModel, ids: torch.Tensor, pos: torch.Tensor,
                offsets: torch.Tensor, base: int, block: torch.Tensor, lens: list[int] | None,
                aux_layer_ids: tuple[int, ...]) -> list[TargetRows]:
         """Every row of the batch -> per request its T rows' outputs (views)."""
-        out = target(ids, self.seq_len[:, None] + pos, self.pool, 0, block_mask(self.cols, self.seq_len, block),
-                     aux_layer_ids, at=self._at(offsets))
+        out = target(ids, self.seq_len[:, None] + pos, self.pool, 0, None, aux_layer_ids,
+                     at=self._at(offsets, block))
         aux = [None] * ids.shape[0] if out.aux_hidden is None else out.aux_hidden.unbind(0)
         return list(zip(out.logits.unbind(0), aux, out.final_hidden.unbind(0)))
 
@@ -202,9 +207,8 @@ class PoolSlots:
               pos: torch.Tensor, offsets: torch.Tensor, base: int, block: torch.Tensor,
               lens: list[int] | None, from_target: bool, last_only: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, h = model(ids, hidden, self.seq_len[:, None] + pos, self.pool, 0,
-                          block_mask(self.cols, self.seq_len, block), from_target, last_only,
-                          at=self._at(offsets))
+        logits, h = model(ids, hidden, self.seq_len[:, None] + pos, self.pool, 0, None,
+                          from_target, last_only, at=self._at(offsets, block))
         return logits, h[:, -1:] if last_only else h
 
 

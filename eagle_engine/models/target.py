@@ -17,7 +17,8 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..kv_cache import CacheSlots, KVCache, KVPool
-from .layers import MLP, Attention, RMSNorm, Rope, RopeTable, score_bias
+from ..kernels.attention import score_bias
+from .layers import MLP, Attention, RMSNorm, Rope, RopeTable
 
 
 @dataclass(slots=True)
