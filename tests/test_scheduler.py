@@ -156,6 +156,42 @@ def test_step_cut_trees_batch_like_solo(engine: EagleEngine) -> None:
             assert any(deep) and not all(deep)
 
 
+def test_caches_after_every_batched_commit_equal_a_fresh_prefill(engine: EagleEngine) -> None:
+    """Four EAGLE-3 requests (two heads, four trees) stepped together: after every step, each
+    one's committed target and draft cache rows equal a fresh prefill of its committed tokens
+    (the one definition of verify, commit and extend, over a batch)."""
+    requests = [(prompt(i, 6 + 3 * i), SamplingParams(max_new_tokens=20, ignore_eos=True),
+                 TREES[i], ("aux", "noaux")[i % 2]) for i in range(4)]
+    scheduler = Scheduler(engine, max_batch=4)
+    handles = [scheduler.submit(*r) for r in requests]
+    checked = 0
+    while scheduler.busy:
+        scheduler.step()
+        for req in scheduler._active:
+            if req.state is not None:
+                with torch.inference_mode():
+                    check_caches(engine, req.run, req.state.seq_len)
+                checked += 1
+    assert checked >= 20 and all(list(h.events())[-1].finished == "length" for h in handles)
+
+
+def check_caches(engine: EagleEngine, run: Run, n: int) -> None:
+    """Rows [0, n) of `run`'s target and draft caches == a fresh prefill of its n committed
+    tokens."""
+    from tests.test_loop import assert_rows_equal
+
+    assert len(run.tokens) == n + 1  # the committed rows and the root
+    positions, mask = torch.arange(n)[None], causal_mask(n, 0, "cpu")
+    fresh = engine.target.new_cache(max_len=n)
+    out = engine.target(torch.tensor([run.tokens[:n]]), positions, fresh, 0, mask, run.aux_ids)
+    assert_rows_equal(run.cache, fresh, n)
+    feats = out.aux_hidden if run.aux_ids else out.final_hidden
+    fresh_draft = run.draft_model.new_cache(n)
+    run.draft_model(torch.tensor([run.tokens[1:n + 1]]), feats, positions, fresh_draft, 0, mask,
+                    from_target=True)
+    assert_rows_equal(run.draft_cache, fresh_draft, n)
+
+
 def test_stop_string_mid_batch(engine: EagleEngine) -> None:
     """A request ends on a stop string inside an accepted run while the rest go on; its text
     is its solo text."""
