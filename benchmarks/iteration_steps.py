@@ -61,7 +61,7 @@ def install() -> None:
             (Run, "iteration_event", "event"),
             (EagerPhases, "draft", "draft"), (EagerPhases, "verify", "verify forward"),
             (EagerPhases, "extend", "extend"), (run_mod, "extend", "extend over the prompt"),
-            (accept_mod, "draft_input_after", "head top-k"),
+            (accept_mod, "top_children", "head top-k after the extend"),
             (FusedDecoder, "extend", "head extend, one C++ call"),
             (FusedDecoder, "draft", "head draft step, one C++ call"),
             (run_mod, "sampled_acceptance", "sampled acceptance"),

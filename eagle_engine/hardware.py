@@ -23,8 +23,8 @@ def native_bf16(device: str) -> bool:
     (Ampere on; a T4 or V100 has no bf16 tensor cores), or on a CPU with AVX512-BF16 or AMX. A
     CPU without them emulates bf16 products of several tokens (on an AVX2-only CPU a 16-token
     verify cost ~9x one token in bf16, ~2x in fp32, `bench --costs`)."""
-    if device.startswith("cuda"):
-        return cuda_capability(device) >= (8, 0)
+    if device.startswith("cuda"):  # a GPU this process cannot see is taken for a recent one
+        return not torch.cuda.is_available() or cuda_capability(device) >= (8, 0)
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 

@@ -239,13 +239,16 @@ def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch: pytest.Monkey
                                                       cpu_dtype: str) -> None:
     """`dtype="auto"` (the default) resolves on construction for dense weights: fp32 on a CPU
     without AVX512-BF16 or AMX (bf16 products of several tokens are emulated there), bf16 on
-    other CPUs and CUDA; q4 weights (the CPU default for GGUF targets) run fp32; an explicit
-    dtype is kept."""
+    other CPUs and CUDA GPUs from Ampere on, fp16 on older GPUs; q4 weights (the CPU default for
+    GGUF targets) run fp32; an explicit dtype is kept."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     assert EngineConfig(weights="dense").dtype == cpu_dtype
     assert EngineConfig(weights="q4").dtype == "fp32"
-    assert EngineConfig(device="cuda").dtype == "bf16"
+    assert EngineConfig(device="cuda").dtype == "bf16"  # a GPU this process cannot see
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    assert EngineConfig(device="cuda").dtype == "fp16"  # a T4: no bf16 tensor cores
     assert EngineConfig(dtype="bf16").dtype == "bf16" and EngineConfig(dtype="fp32").dtype == "fp32"
     # the dense twin of a q4 target (tune, the app) takes the asked dtype, not q4's fp32
     assert EngineConfig(weights="q4").other_weights("auto").dtype == cpu_dtype
