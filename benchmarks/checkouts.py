@@ -12,7 +12,7 @@ the machine falls on both alike: EAGLE-3 and plain decoding of 8 first turns as 
 with `max_batch` 4 (one scheduler), and of 3 first turns one at a time (`generate`). Greedy,
 EOS ignored. Prints tokens/s per checkout, the ratio after / before, and how many answers the
 two checkouts gave token for token alike. The workers use only the engine's public calls
-(`EagleEngine.load`, `encode`, `generate`, `Scheduler`), so older checkouts run too. Not a
+(`EagleEngine.load`, `encode`, `generate`, `scheduler`), so older checkouts run too. Not a
 test: timings depend on the machine and its load.
 """
 from __future__ import annotations
@@ -30,7 +30,6 @@ WORKER = '''
 import json, sys, time
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.scheduler import Scheduler
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][:8]
 dense = sys.argv[3] != "q4"
@@ -42,7 +41,7 @@ tree = TreeParams.parse(sys.argv[4]) if sys.argv[4] else None  # None: the engin
 
 
 def together(head):
-    scheduler = Scheduler(engine, 4)
+    scheduler = engine.scheduler  # max_batch 4, the config's default
     handles = [scheduler.submit(p, params, tree, head) for p in prompts]
     scheduler.run_until_idle()
     return [[t.token_id for ev in h.events() for t in ev.tokens] for h in handles]

@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from eagle_engine.accept import extend
-from eagle_engine.autotune import tree_label
-from eagle_engine.bench import provenance, target_forward, write_report
-from eagle_engine.cli_args import pick_head
+from eagle_engine.tools.autotune import tree_label
+from eagle_engine.tools.bench import provenance, target_forward, write_report
+from eagle_engine.tools.cli_args import pick_head
 from eagle_engine.config import EngineConfig
 from eagle_engine.draft import draft
 from eagle_engine.engine import EagleEngine

@@ -26,7 +26,6 @@ from pathlib import Path
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.hardware import cpu_flags
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.scheduler import Scheduler
 
 SYSTEMS = ("plain", "EAGLE-3", "EAGLE-3, scheduler")
 
@@ -57,7 +56,7 @@ def main() -> None:
                for f in args.prompts
                for line in f.read_text().splitlines()[:args.limit] if line.strip()]
     with ThreadPoolExecutor(max_workers=1) as worker:
-        scheduler = Scheduler(engine, max_batch=1, executor=worker)
+        scheduler = engine.new_scheduler(1, worker)
         calls = {"plain": lambda ids: engine.stream(ids, params, tree, None),
                  "EAGLE-3": lambda ids: engine.stream(ids, params, tree, DEFAULT_HEAD),
                  "EAGLE-3, scheduler": lambda ids: scheduler.submit(

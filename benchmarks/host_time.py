@@ -39,11 +39,10 @@ from pathlib import Path
 
 import torch
 
-from eagle_engine.bench import provenance, write_report
+from eagle_engine.tools.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner
 from eagle_engine.engine import EagleEngine
-from eagle_engine.scheduler import Scheduler
 from tests.helpers import tiny_engine
 
 TREE = TreeParams.parse("k=2,s=2,n=4,ctx=off")
@@ -107,7 +106,7 @@ def free_replays(engine: EagleEngine):
     saved = engine.graph_mode, GraphPhases.capture, engine.scheduler
     engine.graph_mode = GraphMode.GRAPHS
     GraphPhases.capture = capture_free
-    engine.scheduler = Scheduler(engine)
+    engine.scheduler = engine.new_scheduler()
     assert isinstance(engine.scheduler.phases, GraphPhases)
     try:
         yield

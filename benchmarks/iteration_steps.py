@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import eagle_engine.accept as accept_mod
-import eagle_engine.run as run_mod
+import eagle_engine.scheduler as sched_mod
 import eagle_engine.sampling as sampling_mod
-from eagle_engine.bench import parse_sweep
+from eagle_engine.tools.bench import parse_sweep
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.batch_phases import EagerPhases
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
@@ -56,15 +56,15 @@ def install() -> None:
     eager phases)."""
     for owner, name, label in [
             (Scheduler, "_iterate", "iteration"),
-            (Run, "tree_input", "tree (+ the context's chain)"),
-            (Run, "accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
+            (Scheduler, "_tree_input", "tree (+ the context's chain)"),
+            (Scheduler, "_accept", "acceptance + KV commit"), (Run, "after_readback", "stop rules"),
             (Run, "iteration_event", "event"),
             (EagerPhases, "draft", "draft"), (EagerPhases, "verify", "verify forward"),
-            (EagerPhases, "extend", "extend"), (run_mod, "extend", "extend over the prompt"),
+            (EagerPhases, "extend", "extend"), (sched_mod, "extend", "extend over the prompt"),
             (accept_mod, "top_children", "head top-k after the extend"),
             (FusedDecoder, "extend", "head extend, one C++ call"),
             (FusedDecoder, "draft", "head draft step, one C++ call"),
-            (run_mod, "sampled_acceptance", "sampled acceptance"),
+            (sched_mod, "sampled_acceptance", "sampled acceptance"),
             (sampling_mod, "target_probs", "sampling distribution"),
             (sampling_mod, "sample_from", "sampling draw")]:
         setattr(owner, name, timed(getattr(owner, name), lambda *a, lab=label: lab))

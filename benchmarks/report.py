@@ -9,7 +9,7 @@ and CPU class, so a re-run replaces its figure. Each carries its provenance (cla
 torch, commit, date, command). Writes `docs/benchmarks.md` (every figure, with its command)
 and the block between the README's `figures` markers (per class: the peers' tok/s and EAGLE-3
 against plain decoding on the full MT-bench).
-Not here: measuring (`peers.py`, `eagle_engine/bench.py`).
+Not here: measuring (`peers.py`, `eagle_engine/tools/bench.py`).
 """
 from __future__ import annotations
 

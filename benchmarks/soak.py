@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.load import CHAT_OUT, FALLBACK, PROMPTS, Server
-from eagle_engine.bench import provenance, write_report
+from eagle_engine.tools.bench import provenance, write_report
 
 GREEDY, SAMPLED, CANCELLED = "greedy", "sampled", "cancelled"
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import app
 from eagle_engine import ui_render as ui
-from eagle_engine.bench import provenance, write_report
+from eagle_engine.tools.bench import provenance, write_report
 
 LOADS = ("none", "busy", "browser")
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome, ignoring "

@@ -1,7 +1,7 @@
 """`EagerPhases`: the scheduler's phase backend without CUDA graphs, and how a step's requests
 become the batches of the phases' one definitions.
 
-Each phase takes the step's requests (`run.Run`s) of one head and runs its one definition
+Each phase takes the step's requests (`Seat`s: `run.Run`s) of one head and runs its one definition
 (`draft.draft_levels`, `verify.verify_forward`, `accept.extend_forward`) over them on their own
 caches (`models/batched.OwnCaches`): the requests of one `topk` share a draft and an extend,
 and every running request, EAGLE-3 and plain alike, shares the verify forward. A ragged batch
@@ -14,7 +14,7 @@ Not here: acceptance, which requests run together (`scheduler.py`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -28,11 +28,19 @@ from .models.draft_model import Eagle3Draft
 from .models.target import TargetModel
 from .verify import TreeLogits, verify_forward
 
-if TYPE_CHECKING:
-    from .run import Run
+
+class Seat(Protocol):
+    """What a phase backend reads of a request (`run.Seat` is one)."""
+
+    head: str | None
+    tree: TreeParams
+    aux_ids: tuple[int, ...]  # the target layers whose inputs its head reads
+    cache: KVCache
+    draft_cache: KVCache | None
+    slot: int | None  # its row of the backend's pools (`GraphPhases`), None without
 
 
-def by_topk(runs: list[Run]) -> list[list[int]]:
+def by_topk(runs: list[Seat]) -> list[list[int]]:
     """The requests' indices grouped by their tree's `topk` (a draft's frontier width)."""
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(runs):
@@ -103,7 +111,7 @@ class EagerPhases:
         """Nothing to make ahead: the eager phases have no graphs (`GraphPhases.warm_up`)."""
         return []
 
-    def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
+    def draft(self, model: Eagle3Draft, runs: list[Seat], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
         out: list[DraftTree | None] = [None] * len(runs)
         for group in by_topk(runs):
@@ -121,8 +129,8 @@ class EagerPhases:
                 out[i] = t
         return out
 
-    def verify(self, target: TargetModel, runs: list[Run], vins: list[EagleVerifyInput],
-               plain: list[Run], tokens: list[torch.Tensor], seq_lens: list[int]
+    def verify(self, target: TargetModel, runs: list[Seat], vins: list[EagleVerifyInput],
+               plain: list[Seat], tokens: list[torch.Tensor], seq_lens: list[int]
                ) -> list[TreeLogits]:
         """The target over the trees of `runs` and the next tokens of the `plain` requests ->
         the trees' logits and features, then the plain requests' logits."""
@@ -133,7 +141,7 @@ class EagerPhases:
         return verify_forward(target, rows, ids, depth, ancestors,
                               [r.aux_ids for r in runs] + [None] * len(plain), lens)
 
-    def extend(self, model: Eagle3Draft, runs: list[Run], exts: list[EagleDraftExtendInput]
+    def extend(self, model: Eagle3Draft, runs: list[Seat], exts: list[EagleDraftExtendInput]
                ) -> list[EagleDraftInput]:
         out: list[EagleDraftInput | None] = [None] * len(runs)
         for group in by_topk(runs):

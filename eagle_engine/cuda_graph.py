@@ -33,12 +33,12 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .accept import draft_input, extend_forward
-from .batch_phases import EagerPhases
+from .batch_phases import EagerPhases, Seat
 from .capture_guard import CaptureGuard, CaptureUnsafe
 from .config import SamplingParams, TreeParams
 from .draft import draft_levels
@@ -48,10 +48,6 @@ from .models.batched import PoolSlots
 from .models.draft_model import Eagle3Draft
 from .models.target import TargetModel
 from .verify import TreeLogits, verify_forward
-
-if TYPE_CHECKING:
-    from .engine import EagleEngine
-    from .run import Run
 
 log = logging.getLogger(__name__)
 
@@ -417,13 +413,13 @@ class GraphPhases(EagerPhases):
         return made
 
     # ----- the phases
-    def draft(self, model: Eagle3Draft, runs: list[Run], states: list[EagleDraftInput]
+    def draft(self, model: Eagle3Draft, runs: list[Seat], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
         outs = self._serve(runs, states, lambda r, B: self._draft_runner(r.head, r.tree, B))
         return self._eager_rest(outs, super().draft, model, runs, states)
 
-    def verify(self, target: TargetModel, runs: list[Run], vins: list[EagleVerifyInput],
-               plain: list[Run], tokens: list[torch.Tensor], seq_lens: list[int]
+    def verify(self, target: TargetModel, runs: list[Seat], vins: list[EagleVerifyInput],
+               plain: list[Seat], tokens: list[torch.Tensor], seq_lens: list[int]
                ) -> list[TreeLogits]:
         trees = self._serve(runs, vins,
                             lambda r, B: self._verify_runner(r.aux_ids, r.tree, B))
@@ -441,18 +437,18 @@ class GraphPhases(EagerPhases):
                 outs[i] = out
         return outs
 
-    def extend(self, model: Eagle3Draft, runs: list[Run], exts: list[EagleDraftExtendInput]
+    def extend(self, model: Eagle3Draft, runs: list[Seat], exts: list[EagleDraftExtendInput]
                ) -> list[EagleDraftInput]:
         outs = self._serve(runs, exts, lambda r, B: self._extend_runner(r.head, r.tree, B))
         return self._eager_rest(outs, super().extend, model, runs, exts)
 
     # ----- runners
-    def _serve(self, runs: list[Run], inputs: list[Any],
-               spec: Callable[[Run, int], tuple[tuple, Callable[[], GraphRunner]] | None]
+    def _serve(self, runs: list[Seat], inputs: list[Any],
+               spec: Callable[[Seat, int], tuple[tuple, Callable[[], GraphRunner]] | None]
                ) -> list[Any]:
         """Each request's output from a graph (None where none takes it): the requests whose
         inputs one shape fits replay it together, in the smallest bucket that holds them."""
-        groups: dict[tuple, tuple[Run, list[int]]] = {}
+        groups: dict[tuple, tuple[Seat, list[int]]] = {}
         for i, r in enumerate(runs):
             one = None if r.slot is None else spec(r, 1)  # a shape's `fits` for every bucket
             if one is not None and self._runner(*one).fits(inputs[i]):
@@ -465,7 +461,7 @@ class GraphPhases(EagerPhases):
         return outs
 
     @staticmethod
-    def _eager_rest(outs: list[Any], eager: Callable, model: Any, runs: list[Run],
+    def _eager_rest(outs: list[Any], eager: Callable, model: Any, runs: list[Seat],
                     inputs: list[Any]) -> list[Any]:
         rest = [i for i, o in enumerate(outs) if o is None]
         if rest:
@@ -521,9 +517,10 @@ class GraphPhases(EagerPhases):
         log.info("captured the %s graph %s: %.1f MiB", key[0], key[1:], runner.bytes / 2 ** 20)
 
 
-def phases_for(engine: EagleEngine, max_batch: int) -> EagerPhases:
-    """A scheduler's phase backend: `GraphPhases` under graphs, `EagerPhases` otherwise."""
-    mode, window = engine.graph_mode, engine.config.max_len
+def phases_for(target: TargetModel, heads: dict[str, Eagle3Draft], max_len: int,
+               max_batch: int, mode: GraphMode) -> EagerPhases:
+    """A scheduler's phase backend for `max_batch` requests in a context window of `max_len`:
+    `GraphPhases` under graphs (GRAPHS, STATIC), `EagerPhases` otherwise."""
     if mode is GraphMode.EAGER:
-        return EagerPhases(engine.target, engine.heads, window)
-    return GraphPhases(engine.target, engine.heads, window, max_batch, mode)
+        return EagerPhases(target, heads, max_len)
+    return GraphPhases(target, heads, max_len, max_batch, mode)

@@ -18,18 +18,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .chat import encode_chat, stop_token_ids
-from .config import ConfigError, EngineConfig, SamplingParams, TreeParams, parse_dtype
+from .config import EngineConfig, SamplingParams, TreeParams, parse_dtype
 from . import cuda_graph
 from .cuda_graph import GraphMode
 from .events import RunStats, StepEvent
-from .kernels import step_ops
+from .kernels import StepOps, step_ops
 from .kernels.cpu_lowbit import load as load_cpu_kernels
 from .models.cpu_lowbit import quantize_head, quantize_target
 from .models.cpu_pack import can_pack, pack_linears
@@ -37,6 +37,7 @@ from .models.draft_io import load_draft
 from .models.draft_model import Eagle3Draft
 from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
+from .parts import EngineParts
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 
@@ -103,15 +104,51 @@ class EagleEngine:
         CPU too)."""
         self.target, self.tokenizer, self.heads, self.config = target, tokenizer, heads, config
         self.graph_mode = graph_mode or cuda_graph.graph_mode(config.cuda_graphs, target.device)
-        self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2 ** 20)
-        self.eos_ids = stop_token_ids(target.cfg.eos_token_ids, tokenizer)
         self.load_times: dict[str, float] = {}
-        self.default_tree = config.default_tree  # the tree `autotune` chose, after `apply`
         self.tuned = None  # autotune.Tuned once measured or read from the cache
         # the step backend: C++ ops with q4 weights (their load built the module), Triton on
         # CUDA, the torch definitions elsewhere
-        self.ops = step_ops(target.device, config.weights == "q4")
-        self.scheduler = Scheduler(self)  # `stream` steps it on the caller's thread
+        self.parts = EngineParts(target, heads, tokenizer,
+                                 stop_token_ids(target.cfg.eos_token_ids, tokenizer),
+                                 step_ops(target.device, config.weights == "q4"),
+                                 PrefixCache(config.prefix_cache_mb * 2 ** 20), config.max_len,
+                                 config.default_tree)
+        self.scheduler = self.new_scheduler()  # `stream` steps it on the caller's thread
+
+    def new_scheduler(self, max_batch: int | None = None, executor: Executor | None = None
+                      ) -> Scheduler:
+        """A scheduler over this engine's parts with a phase backend of its own (its own
+        caches and graphs) for `max_batch` requests (default `config.max_batch`). The engine's
+        own is `scheduler`; the app steps that one."""
+        max_batch = self.config.max_batch if max_batch is None else max_batch
+        phases = cuda_graph.phases_for(self.target, self.heads, self.config.max_len, max_batch,
+                                       self.graph_mode)
+        return Scheduler(self.parts, phases, max_batch, executor)
+
+    @property
+    def default_tree(self) -> TreeParams:
+        """A request's tree when it names none: the config's, or the one `autotune` chose."""
+        return self.parts.default_tree
+
+    @default_tree.setter
+    def default_tree(self, tree: TreeParams) -> None:
+        self.parts.default_tree = tree
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self.parts.prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, cache: PrefixCache) -> None:
+        self.parts.prefix_cache = cache
+
+    @property
+    def ops(self) -> StepOps:
+        return self.parts.ops
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self.parts.eos_ids
 
     @classmethod
     def load(cls, config: EngineConfig, tokenizer: object | None = None) -> EagleEngine:
@@ -176,21 +213,6 @@ class EagleEngine:
                 events.append(ev)
         stats = RunStats(**{k: v for k, v in last.stats.items() if k in RunStats.__slots__})
         return GenerationResult(text, ids, last.finished or "length", stats, events)
-
-    def check_request(self, prompt_ids: list[int], tree: TreeParams | None,
-                      head: str | None) -> None:
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        if head is not None and head not in self.heads:
-            raise ConfigError(f"unknown draft head {head!r}; loaded: {sorted(self.heads)}")
-        room = self.config.max_len - (tree.max_rows if tree and head else 1)
-        if len(prompt_ids) >= room:
-            raise ConfigError(f"prompt has {len(prompt_ids)} tokens but the context window is "
-                              f"{self.config.max_len} (room for at most {room - 1} prompt tokens)")
-        bad = [t for t in prompt_ids if not 0 <= t < self.target.cfg.vocab_size]
-        if bad:
-            raise ConfigError(f"token ids {bad[:5]} are outside the vocabulary "
-                              f"(size {self.target.cfg.vocab_size})")
 
     def stream(self, prompt_ids: list[int], params: SamplingParams,
                tree: TreeParams | None = None, head: str | None = None,

@@ -1,58 +1,50 @@
-"""One request's state and the per-request halves of each phase of the engine's one loop.
-
-`Run` holds a request's caches, stats, detokenizer, generator and every token it produced, and
-the parts of each phase that belong to one request: `prefill` (after restoring the rows its
-prompt shares with an earlier request from the prefix cache), `read_prompt` (the context's
-suffix index and the head's draft extend over the prompt), `tree_input` (the drafted candidates,
-with the context's chain, as the tree to verify), `accept` (acceptance and the KV commit, on the
-device), `after_readback` / `after_decode` (stats and stop rules on what the step's one host read
-brought), the events, and `keep_prefix` (a clean end leaves its rows in the prefix cache).
-Not here: the order of the phases and which requests share a forward (`scheduler.py`, the only
-loop), the phases' tensor math (draft/tree/verify/accept modules) or the UI.
+"""One request's state: `Run` holds a request's caches, stats, detokenizer, generator and every
+token it produced, and the bookkeeping of what the step's one host read brought it: stop rules
+(`after_prefill`, `after_readback`, `after_decode`), its events, and whether its next step
+would pass the context window. It reads no model and no engine.
+Not here: the phases (draft/tree/verify/accept modules), the per-request work the loop does
+with the models (prefill, the prompt's extend, acceptance, the prefix cache: `scheduler.py`),
+or the UI.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
-from .accept import commit, extend, extend_input
+from .accept import extend_input
 from .chat import IncrementalDetokenizer
 from .config import SamplingParams, TreeParams
 from .context_draft import ContextIndex
 from .events import RunStats, StepEvent, TokenSpan, TreeNode
-from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
-                        EagleVerifyOutput, NodeSource, VerifyReadback)
-from .kv_cache import KVCache, causal_mask
-from .sampling import next_token
-from .tree import tree_input
-from .verify import TreeLogits, greedy_acceptance, sampled_acceptance
-
-if TYPE_CHECKING:
-    from .engine import EagleEngine
+from .io_struct import (EagleDraftExtendInput, EagleVerifyInput, EagleVerifyOutput, NodeSource,
+                        VerifyReadback)
+from .kv_cache import KVCache
+from .parts import EngineParts
+from .verify import TreeLogits
 
 
 class Run:
     """State of one request. `cache` and `draft_cache` (None for plain decoding) are the caches
     it writes, leased by the scheduler's phase backend (`EagerPhases.lease`): sized to the
-    request, or under CUDA graphs the pool rows of `slot`."""
+    request, or under CUDA graphs the pool rows of `slot`. `parts` is read here, not kept: its
+    head (`draft_model`) and the layers that head reads (`aux_ids`), the tokenizer (in the
+    detokenizer), the stop ids and the context window."""
 
-    def __init__(self, engine: EagleEngine, prompt_ids: list[int], params: SamplingParams,
+    def __init__(self, parts: EngineParts, prompt_ids: list[int], params: SamplingParams,
                  tree: TreeParams, head: str | None, trace: bool, cache: KVCache,
                  draft_cache: KVCache | None, slot: int | None = None) -> None:
-        self.e, self.prompt, self.params, self.tree = engine, prompt_ids, params, tree
+        self.prompt, self.params, self.tree = prompt_ids, params, tree
         self.trace, self.head, self.cache = trace, head, cache
         self.draft_cache, self.slot = draft_cache, slot
-        self.draft_model = engine.heads[head] if head else None
-        self.aux_ids: tuple[int, ...] = ()
-        if self.draft_model is not None and self.draft_model.cfg.use_aux_hidden_state:
-            self.aux_ids = self.draft_model.cfg.resolve_aux_layer_ids(engine.target.cfg)
-        dev = engine.target.device
+        self.draft_model = parts.heads[head] if head else None
+        self.aux_ids = parts.aux_ids(head)
+        self.eos_ids, self.max_len = parts.eos_ids, parts.max_len
         self.generator = None
         if params.seed is not None:
-            self.generator = torch.Generator(device=dev).manual_seed(params.seed)
-        self.detok = IncrementalDetokenizer(engine.tokenizer, params.stop)
+            device = parts.target.device
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+        self.detok = IncrementalDetokenizer(parts.tokenizer, params.stop)
         # per depth up to num_steps, grown when a chain from the context is accepted deeper
         self.stats = RunStats(accepted_per_depth=[0] * tree.num_steps)
         self.context: ContextIndex | None = None  # the suffix index, with context drafts
@@ -61,16 +53,13 @@ class Run:
         self.t_start = time.perf_counter()
         self.step = 0
 
-    def _features(self, out) -> torch.Tensor:
-        return out.aux_hidden if self.aux_ids else out.final_hidden
-
     def _emit(self, tokens: list[int], kinds: list[str], depths: list[int],
               sources: list[str] | None = None) -> tuple[list[TokenSpan], str | None]:
         """Apply stop rules to emitted tokens; returns kept spans and a finish reason."""
         self.tokens += tokens
         spans, finished = [], None
         for tok, kind, depth, source in zip(tokens, kinds, depths, sources or [""] * len(tokens)):
-            if tok in self.e.eos_ids and not self.params.ignore_eos:
+            if tok in self.eos_ids and not self.params.ignore_eos:
                 finished = "eos"
                 break
             spans.append(TokenSpan(tok, self.detok.add([tok]), kind, depth, source))
@@ -99,60 +88,15 @@ class Run:
         self.step += 1
         return ev
 
-    def prefill(self) -> tuple[torch.Tensor, EagleDraftExtendInput]:
-        """-> (the first generated token [1], on the device; the draft extend's input after the
-        prompt: its tokens shifted by one, that token last, with the prompt's features).
-        Rows the prompt shares with an earlier request come from the prefix cache; the target
-        runs from the first row not restored."""
-        target, dev = self.e.target, self.e.target.device
-        n = len(self.prompt)
-        hit = self.e.prefix_cache.lookup(self.prompt, self.head)
-        r = hit.rows if hit else 0
-        if hit:
-            self.e.prefix_cache.restore(hit, self.cache, self.draft_cache)
-        self.stats.reused_tokens = r
-        ids = torch.tensor(self.prompt[r:], device=dev)  # [n - r]
-        out = target(ids[None], torch.arange(r, n, device=dev)[None], self.cache, r,
-                     causal_mask(n - r, r, dev), self.aux_ids, last_only=True)
-        root = next_token(out.logits[0, -1:], self.params, self.generator, self.e.ops)  # [1]
-        return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), self._features(out)[0], r)
-
     def after_prefill(self, root: int) -> tuple[list[TokenSpan], str | None]:
         spans, finished = self._emit([root], ["target"], [0])
         self.stats.prefill_s = time.perf_counter() - self.t_start
         return spans, finished
 
-    def read_prompt(self, ext: EagleDraftExtendInput) -> EagleDraftInput:
-        """Once the first token is out: the context's suffix index over the prompt and that
-        token (with context drafts), and the head's draft extend over the prompt -> the first
-        draft's input. Also after a one-token answer, so that the prefix cache keeps the
-        head's rows for the next turn. The extend runs eagerly: a prompt is wider than the
-        extend's CUDA graph."""
-        if self.tree.context_drafts:
-            self.context = ContextIndex(self.tokens)
-        state = extend(self.draft_model, ext, self.draft_cache, self.tree.topk)
-        self.draft_rows = state.seq_len
-        return state
-
     def context_full(self, seq_len: int) -> bool:
         """Whether the next step would write past the context window."""
         width = self.tree.max_rows if self.draft_model else 1
-        return seq_len + width + (1 if self.draft_model else 0) > self.e.config.max_len
-
-    def keep_prefix(self) -> None:
-        """Leave this request's committed rows in the prefix cache (after a clean end)."""
-        rows = len(self.tokens) - 1  # the last token produced is in no cache yet
-        self.e.prefix_cache.store(self.tokens[:rows], self.cache, self.head, self.draft_cache,
-                                  self.draft_rows)
-
-    def accept(self, vin: EagleVerifyInput, tl: TreeLogits) -> EagleVerifyOutput:
-        """Acceptance on the device and the KV commit of the accepted path."""
-        if self.params.greedy:
-            vout = greedy_acceptance(vin, tl.logits, self.e.ops)
-        else:
-            vout = sampled_acceptance(vin, tl.logits, self.params, self.generator, self.e.ops)
-        commit(vin, vout, self.cache, self.e.ops)
-        return vout
+        return seq_len + width + (1 if self.draft_model else 0) > self.max_len
 
     def after_readback(self, got: VerifyReadback, vin: EagleVerifyInput,
                        vout: EagleVerifyOutput, tl: TreeLogits
@@ -190,14 +134,8 @@ class Run:
                   } if self.trace else {}
         return self.event(spans, finished, timings, **detail, **extra)
 
-    def tree_input(self, drafted: DraftTree, state: EagleDraftInput) -> EagleVerifyInput:
-        """The head's candidates, with the context's chain merged in when there is one, as the
-        tree to verify."""
-        ctx = self.context.propose(self.tree.chain_len) if self.context else None
-        return tree_input(drafted, ctx, state.root, state.seq_len, self.tree, self.e.ops)
-
     def _token_text(self, tok: int) -> str:
-        return self.e.tokenizer.decode([tok])
+        return self.detok.tokenizer.decode([tok])
 
     def _rejected(self, got: VerifyReadback) -> list[TokenSpan]:
         """The draft's own best continuation below the last accepted node (first children)."""

@@ -44,7 +44,12 @@ frames take on the same cores is in it too.
 Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on the
 `executor` given (`step_on`: the app's `EngineThread`), or on the caller of `step` /
 `run_until_idle`, as `EagleEngine.stream` does; steps never overlap.
-Not here: the phases' math (`batch_phases.py`, draft/tree/verify/accept) or the UI.
+The scheduler is given its parts (`parts.EngineParts`: models, tokenizer, step ops, prefix
+cache, defaults) and its phase backend, never the engine; it does each request's work with the
+models (prefill, the prompt's extend, tree input, acceptance and commit, the prefix cache) and
+keeps its state in a `run.Run`.
+Not here: the phases' math (`batch_phases.py`, draft/tree/verify/accept), stop rules and events
+(`run.py`) or the UI.
 """
 from __future__ import annotations
 
@@ -56,22 +61,22 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from .accept import parse_readback, readback_parts
+from .accept import commit, extend, parse_readback, readback_parts
+from .batch_phases import EagerPhases
 from .config import ConfigError, SamplingParams, TreeParams
-from .cuda_graph import phases_for
+from .context_draft import ContextIndex
 from .events import StepEvent
 from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
+from .kv_cache import causal_mask
+from .parts import EngineParts
 from .run import Run
 from .sampling import next_token
-from .verify import TreeLogits
-
-if TYPE_CHECKING:
-    from .engine import EagleEngine
+from .tree import tree_input
+from .verify import TreeLogits, greedy_acceptance, sampled_acceptance
 
 log = logging.getLogger(__name__)
 _END = object()  # a handle's last queue item after a clean end
@@ -165,18 +170,19 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, engine: EagleEngine, max_batch: int | None = None,
+    """The loop over `parts` (the engine's models, caches and defaults) with its phase backend
+    `phases` (`cuda_graph.phases_for`, made for `max_batch` requests)."""
+
+    def __init__(self, parts: EngineParts, phases: EagerPhases, max_batch: int,
                  executor: Executor | None = None) -> None:
-        self.engine = engine
-        self.max_batch = engine.config.max_batch if max_batch is None else max_batch
-        if self.max_batch < 1:
-            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        self.parts, self.phases, self.max_batch = parts, phases, max_batch
         self.executor = executor
         self._lock = threading.Lock()
         self._stepping = threading.Lock()  # held through a step
         self._waiting: deque[_Pending] = deque()
         self._active: list[_Active] = []
-        self.phases = phases_for(engine, self.max_batch)  # leases caches, runs the phases
         self._ticking = False  # a `_tick` is queued on the executor or running
         self.steps = 0
 
@@ -186,8 +192,8 @@ class Scheduler:
                trace: bool = True) -> Handle:
         """Queue a request (checked now: a bad one raises `ConfigError` here). With an
         executor, steps start on it as needed."""
-        tree = tree or self.engine.default_tree
-        self.engine.check_request(prompt_ids, tree, head)
+        tree = tree or self.parts.default_tree
+        self.parts.check_request(prompt_ids, tree, head)
         handle = Handle()
         with self._lock:
             self._waiting.append(_Pending(handle, list(prompt_ids), params, tree, head, trace))
@@ -295,9 +301,9 @@ class Scheduler:
     def _start(self, p: _Pending) -> _Active:
         slot, cache, draft_cache = self.phases.lease(len(p.prompt), p.params, p.tree, p.head)
         try:
-            run = Run(self.engine, p.prompt, p.params, p.tree, p.head, p.trace, cache,
+            run = Run(self.parts, p.prompt, p.params, p.tree, p.head, p.trace, cache,
                       draft_cache, slot)
-            root, ext = run.prefill()
+            root, ext = self._prefill(run)
         except BaseException:
             self.phases.release(slot)
             raise
@@ -308,6 +314,55 @@ class Scheduler:
         else:
             req.token = root
         return req
+
+    def _prefill(self, run: Run) -> tuple[torch.Tensor, EagleDraftExtendInput]:
+        """-> (the first generated token [1], on the device; the draft extend's input after the
+        prompt: its tokens shifted by one, that token last, with the prompt's features).
+        Rows the prompt shares with an earlier request come from the prefix cache; the target
+        runs from the first row not restored."""
+        target, prefix = self.parts.target, self.parts.prefix_cache
+        dev, n = target.device, len(run.prompt)
+        hit = prefix.lookup(run.prompt, run.head)
+        r = hit.rows if hit else 0
+        if hit:
+            prefix.restore(hit, run.cache, run.draft_cache)
+        run.stats.reused_tokens = r
+        ids = torch.tensor(run.prompt[r:], device=dev)  # [n - r]
+        out = target(ids[None], torch.arange(r, n, device=dev)[None], run.cache, r,
+                     causal_mask(n - r, r, dev), run.aux_ids, last_only=True)
+        root = next_token(out.logits[0, -1:], run.params, run.generator, self.parts.ops)  # [1]
+        features = out.aux_hidden if run.aux_ids else out.final_hidden
+        return root, EagleDraftExtendInput(torch.cat([ids[1:], root]), features[0], r)
+
+    @staticmethod
+    def _read_prompt(run: Run, ext: EagleDraftExtendInput) -> EagleDraftInput:
+        """Once the first token is out: the context's suffix index over the prompt and that
+        token (with context drafts), and the head's draft extend over the prompt -> the first
+        draft's input. Also after a one-token answer, so that the prefix cache keeps the
+        head's rows for the next turn. The extend runs eagerly: a prompt is wider than the
+        extend's CUDA graph."""
+        if run.tree.context_drafts:
+            run.context = ContextIndex(run.tokens)
+        state = extend(run.draft_model, ext, run.draft_cache, run.tree.topk)
+        run.draft_rows = state.seq_len
+        return state
+
+    def _tree_input(self, run: Run, drafted: DraftTree, state: EagleDraftInput
+                    ) -> EagleVerifyInput:
+        """The head's candidates, with the context's chain merged in when there is one, as the
+        tree to verify."""
+        chain = run.context.propose(run.tree.chain_len) if run.context else None
+        return tree_input(drafted, chain, state.root, state.seq_len, run.tree, self.parts.ops)
+
+    def _accept(self, run: Run, vin: EagleVerifyInput, tl: TreeLogits) -> EagleVerifyOutput:
+        """Acceptance on the device and the KV commit of the accepted path."""
+        ops = self.parts.ops
+        if run.params.greedy:
+            vout = greedy_acceptance(vin, tl.logits, ops)
+        else:
+            vout = sampled_acceptance(vin, tl.logits, run.params, run.generator, ops)
+        commit(vin, vout, run.cache, ops)
+        return vout
 
     def _end_at_context(self, running: list[_Active], step: _Step) -> list[_Active]:
         going = []
@@ -324,19 +379,19 @@ class Scheduler:
         plain = [r for r in running if r.state is None]
         for model, group in self._by_head(eagle):
             for it, d in zip(group, self._draft(model, group)):
-                it.vin = it.req.run.tree_input(d, it.req.state)
+                it.vin = self._tree_input(it.req.run, d, it.req.state)
         t1 = time.perf_counter()
         outs = self._verify(eagle, plain)
         parts: list[torch.Tensor] = [r.root.double() for r in admitted]
         for it, tl in zip(eagle, outs):
             it.tl = tl
-            it.vout = it.req.run.accept(it.vin, tl)
+            it.vout = self._accept(it.req.run, it.vin, tl)
             own = readback_parts(it.vin, it.vout, it.req.run.trace)
             it.read_size = sum(p.numel() for p in own)
             parts += own
         for r, tl in zip(plain, outs[len(eagle):]):
             r.token = next_token(tl.logits[-1:], r.run.params, r.run.generator,
-                                 self.engine.ops)  # [1]
+                                 self.parts.ops)  # [1]
             parts.append(r.token.double())
         flat = torch.cat(parts).tolist()  # the step's one host sync
         t2 = time.perf_counter()
@@ -373,12 +428,12 @@ class Scheduler:
         return events
 
     def _read_prompts(self) -> None:
-        """Each EAGLE-3 request admitted in the last step reads its prompt (`Run.read_prompt`)
+        """Each EAGLE-3 request admitted in the last step reads its prompt (`_read_prompt`)
         now, its first token already out (also to a caller stepping on its own thread); one
         that ended at its first token then leaves."""
         for req in [r for r in self._active if r.ext is not None]:
             try:
-                req.state, req.ext = req.run.read_prompt(req.ext), None
+                req.state, req.ext = self._read_prompt(req.run, req.ext), None
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 log.exception("a request failed reading its prompt")
                 self._leave(req, keep=False)
@@ -413,7 +468,7 @@ class Scheduler:
     def _verify(self, eagle: list[_Iteration], plain: list[_Active]) -> list[TreeLogits]:
         """The target over every running request's rows: an EAGLE-3 request's tree, a plain
         request's next token (its logits only)."""
-        return self.phases.verify(self.engine.target, [it.req.run for it in eagle],
+        return self.phases.verify(self.parts.target, [it.req.run for it in eagle],
                                   [it.vin for it in eagle], [r.run for r in plain],
                                   [r.token for r in plain], [r.seq_len for r in plain])
 
@@ -443,6 +498,8 @@ class Scheduler:
         """`req` leaves: its committed rows go to the prefix cache (`keep`: a clean end, or a
         stop between steps), then its slot is free for the next request."""
         self._active.remove(req)
-        if keep:
-            req.run.keep_prefix()
+        if keep:  # the last token produced is in no cache yet
+            run = req.run
+            self.parts.prefix_cache.store(run.tokens[:-1], run.cache, run.head,
+                                          run.draft_cache, run.draft_rows)
         self.phases.release(req.run.slot)

@@ -438,7 +438,7 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
     """After `autotune` (here a fixed measurement): the engines come fastest first, the sliders
     start at the measured tree, the status line and the weights note say what was measured."""
     import app
-    from eagle_engine import autotune
+    from eagle_engine.tools import autotune
 
     engines = [FakeEngine(fixed_events), FakeEngine(fixed_events)]
     engines[0].config = EngineConfig(target="fake", dtype="fp32", weights="dense")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_engine import autotune
+from eagle_engine.tools import autotune
 from eagle_engine.config import TreeParams
 from tests.helpers import tiny_engine
 

@@ -98,7 +98,7 @@ def test_report_renders_each_class_with_ratios_to_llama_cpp(tmp_path: Path) -> N
 
 
 def test_a_figure_names_the_command_that_reproduces_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from eagle_engine import bench
+    from eagle_engine.tools import bench
 
     monkeypatch.setattr(sys, "argv", [str(ROOT / "eagle_engine" / "__main__.py"), "bench",
                                       "--prompts", "my prompts.jsonl"])

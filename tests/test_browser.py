@@ -398,7 +398,7 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
 
 def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None:
     """The sidebar offers the dense copy beside the default q4 target, and says which tree was
-    measured fastest here (the app's first start, `eagle_engine/autotune.py`): the tree sliders
+    measured fastest here (the app's first start, `eagle_engine/tools/autotune.py`): the tree sliders
     (the min draft probability too) start at it, choosing the dense copy moves them to the
     dense tree (the slower format's static default, the only tree measured for it) and the
     answer comes from the dense target; choosing q4 again brings the measured tree back."""

@@ -1,4 +1,4 @@
-"""Issues 2 and 3 through the command line (`eagle_engine.cli.main`): bad input exits with code 2
+"""Issues 2 and 3 through the command line (`eagle_engine.tools.cli.main`): bad input exits with code 2
 and one `error: ...` line naming the value; `generate` on the bundled SmolLM2 gives the same
 greedy tokens with and without speculation; `inspect-draft` prints a head's resolved config."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle_engine import bench
-from eagle_engine.cli import main
-from eagle_engine.config import EngineConfig, TargetConfig, TreeParams
-from eagle_engine.autotune import tree_label
+from eagle_engine.tools import bench
+from eagle_engine.tools.cli import main
+from eagle_engine.config import TargetConfig, TreeParams
+from eagle_engine.tools.autotune import tree_label
 from eagle_engine.engine import ASSETS, DEFAULT_HEAD
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
@@ -247,7 +247,7 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
     (not its last path part), a bundled name by itself; a head that is not loaded is an error."""
     from types import SimpleNamespace
 
-    from eagle_engine.cli_args import pick_head
+    from eagle_engine.tools.cli_args import pick_head
     from eagle_engine.config import ConfigError
 
     (tmp_path / "my-head").mkdir()
@@ -264,7 +264,7 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     targets, 5 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
-    from eagle_engine.cli_args import tree_params
+    from eagle_engine.tools.cli_args import tree_params
     from eagle_engine.config import Q4_TREE as q4
     from eagle_engine.config import EngineConfig
 
@@ -282,7 +282,7 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
         step_cut=q4.step_cut)
     args.context_extra = 0
     assert tree_params(args, EngineConfig(weights="q4").default_tree).context_extra == 0
-    from eagle_engine.cli import build_parser
+    from eagle_engine.tools.cli import build_parser
 
     for cmd in (["generate", "--prompt", "x"], ["bench", "--prompts", "p.jsonl"]):
         for flags, want in (([], None), (["--context-drafts"], True),
@@ -302,7 +302,7 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
     a step cut on every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates,
     with the one-step trees k3 s1 n4 and k2 s1 n3 among the others; dense targets keep
     `TreeParams()`."""
-    from eagle_engine import autotune, config, hardware
+    from eagle_engine.tools import autotune, config, hardware
 
     assert config.Q4_TREE == TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
     assert autotune.CANDIDATES["q4"][0] == config.Q4_TREE
@@ -316,7 +316,7 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
 
 
 def test_sweep_trees_are_named_fields() -> None:
-    from eagle_engine.bench import parse_sweep
+    from eagle_engine.tools.bench import parse_sweep
     from eagle_engine.config import ConfigError
 
     assert parse_sweep("k=4,s=3,n=8;n=3,k=2,s=1,cut=0.2") == [

@@ -27,7 +27,7 @@ from eagle_engine.config import CHAIN_SURE, ConfigError, SamplingParams, TreePar
 from eagle_engine.context_draft import MAX_MATCH, PRIOR_HIT_RATE, ContextIndex
 from eagle_engine.engine import EagleEngine, GenerationResult
 from eagle_engine.io_struct import ContextDraft, DraftTree, EagleVerifyInput, NodeSource
-from eagle_engine.sync_count import HostSyncs
+from eagle_engine.tools.sync_count import HostSyncs
 from eagle_engine.tree import build_tree, merge_context
 from tests.helpers import tiny_engine
 from tests.test_loop import GREEDY, HEADS, NEW, PROMPTS, Oracle, step_lengths

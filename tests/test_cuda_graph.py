@@ -36,8 +36,7 @@ from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput, Eagle
 from eagle_engine.kernels import reference
 from eagle_engine.kernels.reference import block_mask
 from eagle_engine.models.draft_model import Eagle3Draft
-from eagle_engine.scheduler import Scheduler
-from eagle_engine.selfcheck import (
+from eagle_engine.tools.selfcheck import (
     EAGLE31,
     TINY_TREE,
     IdTokenizer,
@@ -251,7 +250,7 @@ def test_the_apps_request_path_runs_one_graph_per_phase_for_the_batch(
     eager_calls = []
     for fn in ("draft", "verify", "extend"):
         monkeypatch.setattr(EagerPhases, fn, lambda *a, name=fn: eager_calls.append(name))
-    scheduler = Scheduler(engine, executor=ThreadPoolExecutor(1))
+    scheduler = engine.new_scheduler(executor=ThreadPoolExecutor(1))
     handles = [scheduler.submit(p, params, TINY_TREE, h) for p, h in requests]
     answers = [[t.token_id for ev in hd.events() for t in ev.tokens] for hd in handles]
     assert answers == want

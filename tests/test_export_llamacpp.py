@@ -16,7 +16,7 @@ from gguf import GGUFReader
 
 from eagle_engine.config import ConfigError
 from eagle_engine.engine import DEFAULT_HEAD
-from eagle_engine.export_llamacpp import export_llamacpp, rope_order
+from eagle_engine.tools.export_llamacpp import export_llamacpp, rope_order
 
 FIXTURE = Path(__file__).parent / "data" / "llamacpp_eagle3_head.json"
 NAMING = ("general.name", "general.finetune", "general.basename", "general.size_label")

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle_engine.config import ConfigError, DraftConfig
-from eagle_engine.inspect_draft import inspect_draft
+from eagle_engine.tools.inspect_draft import inspect_draft
 from eagle_engine.models.draft_io import export_state, save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel

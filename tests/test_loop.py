@@ -106,7 +106,7 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
     """The prefill's event reaches the caller before the context's suffix index is built and
     the draft extend over the prompt runs; a one-token answer still runs both after its event
     (the prefix cache keeps the head's rows for the next turn)."""
-    import eagle_engine.run as run_mod
+    import eagle_engine.scheduler as sched_mod
 
     tree = TreeParams(2, 2, 4)
     assert tree.context_drafts
@@ -119,13 +119,14 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
         seen_at.append(len(events))
         return real(*args)
 
-    def index(tokens: list[int]) -> run_mod.ContextIndex:
+    def index(tokens: list[int]) -> sched_mod.ContextIndex:
         indexed_at.append(len(events))
         return real_index(tokens)
-    real_index = run_mod.ContextIndex
-    monkeypatch.setattr(run_mod, "extend", lambda *a, real=run_mod.extend: extend(*a, real=real))
+    real_index = sched_mod.ContextIndex
+    monkeypatch.setattr(sched_mod, "extend",
+                        lambda *a, real=sched_mod.extend: extend(*a, real=real))
     monkeypatch.setattr(phases, "extend", lambda *a, real=phases.extend: extend(*a, real=real))
-    monkeypatch.setattr(run_mod, "ContextIndex", index)
+    monkeypatch.setattr(sched_mod, "ContextIndex", index)
     for n in (1, 6):
         events.clear()
         seen_at.clear()
@@ -155,17 +156,18 @@ class Oracle:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Oracle:
         """Wraps the engine's scheduler's draft and extend (one request a step) and the
-        extend over the prompt (`run.extend`); notes the request's target cache at prefill."""
-        import eagle_engine.run as run_mod
+        extend over the prompt (`scheduler.extend`); notes the request's target cache at
+        prefill."""
+        import eagle_engine.scheduler as sched_mod
 
         phases = self.engine.scheduler.phases
-        draft, extend = self.wrap_draft(phases.draft), self.wrap_extend(run_mod.extend)
+        draft, extend = self.wrap_draft(phases.draft), self.wrap_extend(sched_mod.extend)
         step_extend = phases.extend
-        prefill = run_mod.Run.prefill
+        prefill = sched_mod.Scheduler._prefill
 
-        def noted(run: run_mod.Run):  # noqa: ANN202 - Run.prefill
+        def noted(scheduler: sched_mod.Scheduler, run):  # noqa: ANN001, ANN202
             self.cache = run.cache  # the request's target cache
-            return prefill(run)
+            return prefill(scheduler, run)
 
         def draft_step(model: Eagle3Draft, runs: list, states: list) -> list[DraftTree]:
             (run,), (state,) = runs, states
@@ -175,8 +177,8 @@ class Oracle:
             (run,), (ext,) = runs, exts
             return [extend(model, ext, run.draft_cache, run.tree.topk,
                            inner=lambda *a: step_extend(model, runs, exts)[0])]
-        monkeypatch.setattr(run_mod.Run, "prefill", noted)
-        monkeypatch.setattr(run_mod, "extend", extend)
+        monkeypatch.setattr(sched_mod.Scheduler, "_prefill", noted)
+        monkeypatch.setattr(sched_mod, "extend", extend)
         monkeypatch.setattr(phases, "draft", draft_step)
         monkeypatch.setattr(phases, "extend", extend_step)
         return self

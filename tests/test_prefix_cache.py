@@ -95,8 +95,8 @@ def test_caches_after_a_reused_prefill_equal_a_fresh_prefill(engine: EagleEngine
         if not reuse:
             engine.prefix_cache = PrefixCache(0)
         slot, cache, draft_cache = engine.scheduler.phases.lease(len(prompt), GREEDY, TREE, "head")
-        run = Run(engine, prompt, GREEDY, TREE, "head", False, cache, draft_cache, slot)
-        root, ext = run.prefill()
+        run = Run(engine.parts, prompt, GREEDY, TREE, "head", False, cache, draft_cache, slot)
+        root, ext = engine.scheduler._prefill(run)
         state = extend(run.draft_model, ext, run.draft_cache, TREE.topk)
         runs.append((run, root, state))
     (a, root_a, state_a), (b, root_b, state_b) = runs

@@ -23,7 +23,7 @@ from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.kv_cache import causal_mask, tree_mask
 from eagle_engine.models.batched import SeqRows, draft_forward, target_forward
 from eagle_engine.scheduler import Handle, Scheduler
-from eagle_engine.sync_count import HostSyncs
+from eagle_engine.tools.sync_count import HostSyncs
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -65,7 +65,7 @@ def tokens(events: list[StepEvent]) -> list[int]:
 
 def run_all(engine: EagleEngine, requests: list[Request], max_batch: int
             ) -> tuple[list[list[StepEvent]], Scheduler]:
-    scheduler = Scheduler(engine, max_batch=max_batch)
+    scheduler = engine.new_scheduler(max_batch)
     handles = [scheduler.submit(*r) for r in requests]
     scheduler.run_until_idle()
     return [list(h.events()) for h in handles], scheduler
@@ -162,7 +162,7 @@ def test_caches_after_every_batched_commit_equal_a_fresh_prefill(engine: EagleEn
     (the one definition of verify, commit and extend, over a batch)."""
     requests = [(prompt(i, 6 + 3 * i), SamplingParams(max_new_tokens=20, ignore_eos=True),
                  TREES[i], ("aux", "noaux")[i % 2]) for i in range(4)]
-    scheduler = Scheduler(engine, max_batch=4)
+    scheduler = engine.new_scheduler(4)
     handles = [scheduler.submit(*r) for r in requests]
     checked = 0
     while scheduler.busy:
@@ -216,7 +216,7 @@ def test_cancel_mid_batch(engine: EagleEngine) -> None:
     others are unchanged."""
     requests = mixed_requests(4)
     expected = solo(engine, requests)
-    scheduler = Scheduler(engine, max_batch=4)
+    scheduler = engine.new_scheduler(4)
     handles = [scheduler.submit(*r) for r in requests]
     for _ in range(3):
         scheduler.step()
@@ -241,7 +241,7 @@ def test_context_limit_for_one_request_while_the_others_go_on(engine: EagleEngin
 def test_one_host_read_per_step(engine: EagleEngine) -> None:
     """Steps that admit nobody make one host sync: the packed read of every request's results
     (admitting adds the prompt's upload, as a solo prefill does)."""
-    scheduler = Scheduler(engine, max_batch=4)
+    scheduler = engine.new_scheduler(4)
     handles = [scheduler.submit(*r) for r in mixed_requests(4)]
     scheduler.step()  # admits all four
     counted = 0
@@ -262,16 +262,16 @@ def test_first_token_goes_out_before_the_head_reads_the_prompt(
     requests = mixed_requests(4)
     requests[3] = (requests[3][0], SamplingParams(max_new_tokens=1, ignore_eos=True),
                    *requests[3][2:])
-    scheduler = Scheduler(engine, max_batch=4)
+    scheduler = engine.new_scheduler(4)
     handles = [scheduler.submit(*r) for r in requests]
     waiting = []  # per request reading its prompt: the events already in its handle
-    real = Run.read_prompt
+    real = Scheduler._read_prompt
 
     def read_prompt(run: Run, ext: EagleDraftExtendInput) -> EagleDraftInput:
         owner = handles[[r[0] for r in requests].index(run.prompt)]
         waiting.append(owner._queue.qsize())
         return real(run, ext)
-    monkeypatch.setattr(Run, "read_prompt", read_prompt)
+    monkeypatch.setattr(Scheduler, "_read_prompt", staticmethod(read_prompt))
     scheduler.run_until_idle()
     assert waiting == [1, 1, 1], waiting  # three EAGLE-3 requests, one of them one token long
     assert [tokens(list(h.events())) for h in handles] == solo(engine, requests)
@@ -281,7 +281,7 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     import eagle_engine.batch_phases as sched
 
-    scheduler = Scheduler(engine, max_batch=4)
+    scheduler = engine.new_scheduler(4)
     requests = mixed_requests(3)
     handles = [scheduler.submit(*r) for r in requests]
     scheduler.step()
@@ -306,7 +306,7 @@ def test_an_executor_steps_requests_submitted_from_threads(engine: EagleEngine) 
     requests = mixed_requests(4)
     expected = solo(engine, requests)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scheduler = Scheduler(engine, max_batch=4, executor=pool)
+        scheduler = engine.new_scheduler(4, pool)
         with ThreadPoolExecutor(max_workers=4) as visitors:
             futures = [visitors.submit(lambda r: tokens(list(scheduler.submit(*r).events())), r)
                        for r in requests]
@@ -315,7 +315,7 @@ def test_an_executor_steps_requests_submitted_from_threads(engine: EagleEngine) 
 
 
 def test_waiting_request_cancelled_before_admission(engine: EagleEngine) -> None:
-    scheduler = Scheduler(engine, max_batch=1)
+    scheduler = engine.new_scheduler(1)
     first, second = (scheduler.submit(*r) for r in mixed_requests(2))
     second.cancel()
     scheduler.run_until_idle()

@@ -14,8 +14,8 @@ import torch
 
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
-from eagle_engine.selfcheck import TINY_TREE, IdTokenizer, tiny_models
-from eagle_engine.sync_count import HostSyncs, per_step, sync_kind
+from eagle_engine.tools.selfcheck import TINY_TREE, IdTokenizer, tiny_models
+from eagle_engine.tools.sync_count import HostSyncs, per_step, sync_kind
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_engine.cli import main
+from eagle_engine.tools.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.io_struct import EagleDraftExtendInput

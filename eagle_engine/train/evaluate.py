@@ -74,7 +74,7 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:
-    from ..bench import load_rows
+    from ..tools.bench import load_rows
     from ..engine import head_source
 
     rows = load_rows(args.prompts, args.limit)

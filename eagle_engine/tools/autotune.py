@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from .config import CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams
-from .engine import head_source
-from .hardware import cache_root, cpu_flags, cpu_model
-from .kernels.cpu_lowbit import source_digest
+from ..config import CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams
+from ..engine import head_source
+from ..hardware import cache_root, cpu_flags, cpu_model
+from ..kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 

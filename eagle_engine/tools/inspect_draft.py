@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .config import ConfigError, DraftConfig, TargetConfig
-from .engine import head_source
-from .io_struct import EagleDraftExtendInput, EagleDraftInput
-from .models.draft_io import IGNORED, normalize_names, resolve_draft, weight_files
-from .models.draft_model import Eagle3Draft
-from .models.loader import read_config, resolve_target
+from ..config import ConfigError, DraftConfig, TargetConfig
+from ..engine import head_source
+from ..io_struct import EagleDraftExtendInput, EagleDraftInput
+from ..models.draft_io import IGNORED, normalize_names, resolve_draft, weight_files
+from ..models.draft_model import Eagle3Draft
+from ..models.loader import read_config, resolve_target
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                       "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,

@@ -20,18 +20,18 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import hardware
+from ..config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, TreeParams
+from ..kv_cache import causal_mask
 from . import autotune
-from . import hardware
 from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
-from .config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, TreeParams
-from .kv_cache import causal_mask
 
 
 def command_line() -> str:
@@ -258,8 +258,8 @@ def mode_runs(engine, suffix: str, modes: list[str], heads: list[str],  # noqa: 
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
+    from ..engine import EagleEngine, head_name
     from .cli_args import pick_head
-    from .engine import EagleEngine, head_name
 
     rows = load_rows(args.prompts, args.limit)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

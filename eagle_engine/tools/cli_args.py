@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import argparse
 
-from .config import (CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, WEIGHTS, ConfigError, EngineConfig,
-                     TreeParams)
+from ..config import (
+    CHAIN_SURE,
+    CONTEXT_DRAFTS,
+    Q4_TREE,
+    WEIGHTS,
+    ConfigError,
+    EngineConfig,
+    TreeParams,
+)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -88,7 +95,7 @@ def engine_config(args: argparse.Namespace, need_draft: bool = True) -> EngineCo
 def pick_head(engine, name: str) -> str:  # noqa: ANN001 - EagleEngine, imported lazily
     """'bundled' -> the default bundled head; a bundled name, path or hub id -> the head loaded
     from it (named as `EagleEngine.load` names it)."""
-    from .engine import DEFAULT_HEAD, head_name
+    from ..engine import DEFAULT_HEAD, head_name
 
     if not engine.heads:
         raise ConfigError("no draft head is loaded; pass --draft DIR or use --no-spec")

@@ -14,14 +14,20 @@ import sys
 import time
 from pathlib import Path
 
+from ..config import ConfigError, SamplingParams
 from . import autotune
-from .cli_args import (add_engine_args, add_sampling_args, add_tree_args, engine_config, pick_head,
-                       tree_params)
-from .config import ConfigError, SamplingParams
+from .cli_args import (
+    add_engine_args,
+    add_sampling_args,
+    add_tree_args,
+    engine_config,
+    pick_head,
+    tree_params,
+)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from .engine import EagleEngine
+    from ..engine import EagleEngine
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -60,7 +66,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
     """Measure the fastest weights and tree here (`autotune.tune`), cache and print them."""
     from dataclasses import asdict
 
-    from .engine import EagleEngine
+    from ..engine import EagleEngine
 
     config = engine_config(args)
     engines = [EagleEngine.load(config)]
@@ -125,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'bundled' or the target's .gguf (its tokenizer goes into the file)")
     x.set_defaults(func=cmd_export_llamacpp)
 
+    from ..train.evaluate import add_eval_parser
+    from ..train.pipeline import add_train_parser
     from .bench import add_bench_parser
     from .selfcheck import add_selfcheck_parser
-    from .train.evaluate import add_eval_parser
-    from .train.pipeline import add_train_parser
 
     add_bench_parser(sub)
     add_train_parser(sub)

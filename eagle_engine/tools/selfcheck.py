@@ -28,24 +28,30 @@ from typing import Any
 
 import torch
 
-from . import kernels
-from .accept import commit, extend, extend_input, read_back
-from .batch_phases import EagerPhases
-from .config import (ConfigError, DraftConfig, EngineConfig, SamplingParams, TargetConfig,
-                     TreeParams)
-from .cuda_graph import GraphMode, GraphPhases, buckets
-from .draft import draft
-from .engine import EagleEngine
-from .hardware import cpu_model
-from .io_struct import EagleDraftExtendInput, EagleDraftInput
-from .kernels.checks import kernel_mismatches, triton_kernels
-from .kv_cache import KVCache, causal_mask
-from .models.draft_model import Eagle3Draft
-from .models.layers import Rope
-from .models.target import TargetModel
+from .. import kernels
+from ..accept import commit, extend, extend_input, read_back
+from ..batch_phases import EagerPhases
+from ..config import (
+    ConfigError,
+    DraftConfig,
+    EngineConfig,
+    SamplingParams,
+    TargetConfig,
+    TreeParams,
+)
+from ..cuda_graph import GraphMode, GraphPhases, buckets
+from ..draft import draft
+from ..engine import EagleEngine
+from ..hardware import cpu_model
+from ..io_struct import EagleDraftExtendInput, EagleDraftInput
+from ..kernels.checks import kernel_mismatches, triton_kernels
+from ..kv_cache import KVCache, causal_mask
+from ..models.draft_model import Eagle3Draft
+from ..models.layers import Rope
+from ..models.target import TargetModel
+from ..tree import build_tree
+from ..verify import accepted_path, decode, greedy_acceptance, run_target
 from .sync_count import per_step
-from .tree import build_tree
-from .verify import accepted_path, decode, greedy_acceptance, run_target
 
 TINY_TARGET = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
                "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ConfigError, DraftConfig, TargetConfig
-from .engine import head_source
-from .models.draft_io import export_state, load_draft, read_config, resolve_draft
-from .models.loader import bundled_gguf_path, load_target, resolve_target
+from ..config import ConfigError, DraftConfig, TargetConfig
+from ..engine import head_source
+from ..models.draft_io import export_state, load_draft, read_config, resolve_draft
+from ..models.loader import bundled_gguf_path, load_target, resolve_target
 
 ARCH = "eagle3"
 LAYER = "midlayer."

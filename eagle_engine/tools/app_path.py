@@ -18,9 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from .config import SamplingParams, TreeParams
-from .cuda_graph import GraphMode, GraphPhases
-from .engine import EagleEngine
+from ..config import SamplingParams, TreeParams
+from ..cuda_graph import GraphMode, GraphPhases
+from ..engine import EagleEngine
 
 VISITORS = 4  # requests timed together, as the app's default --max-batch
 
