@@ -1,4 +1,4 @@
-// The race (eagle_engine/race.py), replayed in the browser from the timings the server recorded
+// The race (playground/race.py), replayed in the browser from the timings the server recorded
 // and sent once with the compare panel: nothing goes to the server while it plays. The body of
 // the panel's `js_on_load`: `element` is the panel (kept across values), `watch` calls back when
 // Gradio sets a new value. A new value, a replay, Send, Enter or Regenerate ends the replay in

@@ -5,13 +5,13 @@
     PYTHONPATH=. python benchmarks/app_speed.py browser [--tokens 160] [--repeats 3] \
         [--intervals 0.1,0.25] [--progress full,minimal] [--panel-intervals 0,1] [--plain]
 
-`threads`: loads the bundled engine on an `app.EngineThread` and times greedy EAGLE and baseline
+`threads`: loads the bundled engine on an `serving.EngineThread` and times greedy EAGLE and baseline
 answers there, then the same answers stepped from a second thread, as Gradio's worker threads
 stepped the engine before the app had an engine thread. (After the second thread has run
 OpenMP work, the first is slow too: libgomp throttles every pool once there are more OpenMP
 threads than cores, so the order matters and the script keeps it.)
 `frames`: launches the app in-process twice on 127.0.0.1, drawing a frame for every engine
-event (interval 0) and at most every `app.FRAME_INTERVAL_S`, and sends the same /chat request to
+event (interval 0) and at most every `handlers.FRAME_INTERVAL_S`, and sends the same /chat request to
 each through `gradio_client`: seconds until the answer is complete on the client, frames
 received, and the engine's own tokens/s.
 `browser`: launches the app in-process once per setting, each frame interval of `--intervals` with
@@ -43,16 +43,16 @@ from typing import Any
 
 import psutil
 
-import app
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD
-from eagle_engine.speed_estimate import measure
+from playground import handlers, layout, serving, startup
+from playground.speed_estimate import measure
 
 PROMPT = "Give me three tips for staying productive."
 BROWSER_PROMPTS = ["Write a Python function that checks whether a number is prime.",
                    "Give me three tips for staying productive.",
                    "Write a Python function that reverses a string."]
-# the status line when an answer is done (app.Playground.run)
+# the status line when an answer is done (handlers.Playground.run)
 ESTIMATE = re.compile(r"≈(\d+\.\d+)×")  # the speedup tile's estimate
 DONE = re.compile(r"Done · (\d+) tokens in ([\d.]+) s of engine time \(([\d.]+) s on screen\)")
 # true once the page shows a new answer as done (the progress text gone from the status line)
@@ -83,8 +83,8 @@ def in_new_thread(fn: Any, *args: Any) -> Any:
 
 
 def threads(args: argparse.Namespace) -> dict:
-    worker = app.EngineThread()
-    engine = worker.call(app.load_engines, app.parse_args(["--single-weights"]))[0]
+    worker = serving.EngineThread()
+    engine = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))[0]
     return {"engine_thread": worker.call(answer_speeds, engine, args.tokens, args.repeats),
             "second_thread": in_new_thread(answer_speeds, engine, args.tokens, args.repeats)}
 
@@ -92,11 +92,11 @@ def threads(args: argparse.Namespace) -> dict:
 def frames(args: argparse.Namespace) -> dict:
     from gradio_client import Client
 
-    worker = app.EngineThread()
-    engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
+    worker = serving.EngineThread()
+    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     clients = {}
-    for interval in (0.0, app.FRAME_INTERVAL_S):
-        demo = app.build_demo(engines, worker, frame_interval=interval)
+    for interval in (0.0, handlers.FRAME_INTERVAL_S):
+        demo = layout.build_demo(engines, worker, frame_interval=interval)
         demo.queue(max_size=16, default_concurrency_limit=1)
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
         clients[interval] = Client(url, verbose=False, analytics_enabled=False)
@@ -153,15 +153,15 @@ def browser(args: argparse.Namespace) -> dict:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
-    worker = app.EngineThread()
-    engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
+    worker = serving.EngineThread()
+    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     # the estimate's plain speeds, measured at start-up as `app.main` does (one copy a setting)
     rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
     settings = [(float(i), p, float(q)) for i in args.intervals.split(",")
                 for p in args.progress.split(",") for q in args.panel_intervals.split(",")]
     urls = {}
     for interval, progress, panels in settings:
-        demo = app.build_demo(engines, worker, frame_interval=interval, progress=progress,
+        demo = layout.build_demo(engines, worker, frame_interval=interval, progress=progress,
                               panel_interval=panels, rates=copy.deepcopy(rates))
         demo.queue(max_size=16, default_concurrency_limit=1)
         _, urls[interval, progress, panels], _ = demo.launch(prevent_thread_lock=True,
@@ -211,11 +211,11 @@ def main() -> None:
     p.add_argument("mode", choices=["threads", "frames", "browser"])
     p.add_argument("--tokens", type=int, default=None, help="128; 160 for browser")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--intervals", default=f"0.1,{app.FRAME_INTERVAL_S}",
+    p.add_argument("--intervals", default=f"0.1,{handlers.FRAME_INTERVAL_S}",
                    help="browser: comma-separated frame intervals, seconds")
-    p.add_argument("--progress", default=app.PROGRESS,
+    p.add_argument("--progress", default=layout.PROGRESS,
                    help="browser: comma-separated show_progress values (full, minimal, hidden)")
-    p.add_argument("--panel-intervals", default=f"{app.PANEL_INTERVAL_S:g}",
+    p.add_argument("--panel-intervals", default=f"{handlers.PANEL_INTERVAL_S:g}",
                    help="browser: comma-separated intervals of the panels under the chat, "
                    "seconds")
     p.add_argument("--plain", action="store_true",

@@ -38,9 +38,6 @@ from pathlib import Path
 import torch
 
 from eagle_engine.accept import extend
-from eagle_engine.tools.autotune import tree_label
-from eagle_engine.tools.bench import provenance, target_forward, write_report
-from eagle_engine.tools.cli_args import pick_head
 from eagle_engine.config import EngineConfig
 from eagle_engine.draft import draft
 from eagle_engine.engine import EagleEngine
@@ -49,6 +46,9 @@ from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.models.cpu_lowbit import LowBitLinear
 from eagle_engine.models.layers import RMSNorm
+from eagle_engine.tools.autotune import tree_label
+from eagle_engine.tools.bench import provenance, target_forward, write_report
+from eagle_engine.tools.cli_args import pick_head
 
 PROBE_SOURCE = r"""
 #include <ATen/Parallel.h>

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eagle_engine.config import EngineConfig, SamplingParams
-from eagle_engine.hardware import cpu_flags
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
+from eagle_engine.hardware import cpu_flags
 
 SYSTEMS = ("plain", "EAGLE-3", "EAGLE-3, scheduler")
 

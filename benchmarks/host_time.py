@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from eagle_engine.tools.bench import provenance, write_report
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner
 from eagle_engine.engine import EagleEngine
+from eagle_engine.tools.bench import provenance, write_report
 from tests.helpers import tiny_engine
 
 TREE = TreeParams.parse("k=2,s=2,n=4,ctx=off")

@@ -24,17 +24,17 @@ from collections import Counter
 from collections.abc import Callable
 
 import eagle_engine.accept as accept_mod
-import eagle_engine.scheduler as sched_mod
 import eagle_engine.sampling as sampling_mod
-from eagle_engine.tools.bench import parse_sweep
-from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
+import eagle_engine.scheduler as sched_mod
 from eagle_engine.batch_phases import EagerPhases
+from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.run import Run
-from eagle_engine.scheduler import Scheduler
 from eagle_engine.models.cpu_lowbit import FusedDecoder, LowBitLinear
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
+from eagle_engine.run import Run
+from eagle_engine.scheduler import Scheduler
+from eagle_engine.tools.bench import parse_sweep
 
 TOTAL: Counter[str] = Counter()  # seconds per step, this process only
 CALLS: Counter[str] = Counter()

@@ -44,13 +44,13 @@ from pathlib import Path
 
 import torch
 
-from eagle_engine.tools import autotune
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
-from eagle_engine.tools.bench import provenance, write_report
-from eagle_engine.hardware import native_bf16
 from eagle_engine.engine import DEFAULT_HEAD, EagleEngine
-from eagle_engine.tools.export_llamacpp import export_llamacpp
+from eagle_engine.hardware import native_bf16
 from eagle_engine.models.loader import bundled_gguf_path
+from eagle_engine.tools import autotune
+from eagle_engine.tools.bench import provenance, write_report
+from eagle_engine.tools.export_llamacpp import export_llamacpp
 
 Decode = Callable[[list[int]], tuple[int, float | None]]  # ids -> tokens, seconds (None: wall)
 LLAMA_BENCH = "llama.cpp llama-bench, plain"  # `benchmarks/report.py` divides by this row

@@ -1,4 +1,4 @@
-"""How close is the app's estimated speedup (eagle_engine/speed_estimate.py) to the measured one,
+"""How close is the app's estimated speedup (playground/speed_estimate.py) to the measured one,
 on a quiet machine and under load?
 
     PYTHONPATH=. python benchmarks/speedup_estimate.py [--load none,busy,browser] \
@@ -9,7 +9,7 @@ the target's verify cost at warm-up, on the quiet machine, as the app does. Then
 `--load`, answers each of the first `--prompts` of `PROMPTS` `--repeats` times in turn with
 "compare" on: the answer's estimate (made from its own verify forwards, before its plain
 decoding ran) against the speedup its plain decoding measured, and the relative error.
-Loads: `none` answers through `app.Playground` in-process; `busy` does the same with one
+Loads: `none` answers through `handlers.Playground` in-process; `busy` does the same with one
 `while True: pass` process per core running; `browser` launches the app in-process and asks in
 headless Chromium (Debian's, as the browser tests use) on the same cores, reading both figures
 from the speedup tile (two decimals). Prints a JSON line per answer, then a table per load and
@@ -29,9 +29,9 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import app
-from eagle_engine import ui_render as ui
 from eagle_engine.tools.bench import provenance, write_report
+from playground import handlers, layout, serving, startup
+from playground import ui_render as ui
 
 LOADS = ("none", "busy", "browser")
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome, ignoring "
@@ -58,16 +58,16 @@ def busy_cores() -> Iterator[None]:
             proc.wait()
 
 
-def in_process(pg: app.Playground, settings: Callable[[str], ui.Settings]
+def in_process(pg: handlers.Playground, settings: Callable[[str], ui.Settings]
                ) -> Callable[[str], tuple[int, float, float]]:
     def ask(prompt: str) -> tuple[int, float, float]:
-        record = list(pg.run([], prompt, settings(prompt)))[-1][app.OUTPUTS.index("run")]
+        record = list(pg.run([], prompt, settings(prompt)))[-1][handlers.OUTPUTS.index("run")]
         return record["stats"]["num_tokens"], record["speedup_estimate"], record["speedup"]
     return ask
 
 
 @contextmanager
-def in_browser(engines: list[Any], worker: app.EngineThread, costs: dict, tokens: int
+def in_browser(engines: list[Any], worker: serving.EngineThread, costs: dict, tokens: int
                ) -> Iterator[Callable[[str], tuple[int, float, float]]]:
     """The app launched in-process, asked in headless Chromium: a fresh page per answer."""
     from playwright.sync_api import sync_playwright
@@ -78,7 +78,7 @@ def in_browser(engines: list[Any], worker: app.EngineThread, costs: dict, tokens
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         raise SystemExit("--load browser needs Debian's chromium (apt-get install -y chromium)")
-    demo = app.build_demo(engines, worker, costs=costs)
+    demo = layout.build_demo(engines, worker, costs=costs)
     demo.queue(max_size=16, default_concurrency_limit=1)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     with sync_playwright() as p:
@@ -126,12 +126,12 @@ def main() -> None:
         p.error(f"--load: unknown {bad}; choose from {LOADS}")
     if not 1 <= args.prompts <= len(PROMPTS):
         p.error(f"--prompts must be in 1..{len(PROMPTS)}, got {args.prompts}")
-    worker = app.EngineThread()
-    engines = worker.call(app.load_engines, app.parse_args(["--single-weights"]))
+    worker = serving.EngineThread()
+    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     weights = engines[0].config.weights_label
     head = ui.default_head(engines[0].head_info())
     costs: dict = {}
-    worker.call(app.fill_cost, engines[0], head.name, costs)  # quiet, as at the app's start
+    worker.call(startup.fill_cost, engines[0], head.name, costs)  # quiet, as at the app's start
     tree = engines[0].default_tree
 
     def settings(prompt: str) -> ui.Settings:
@@ -141,7 +141,7 @@ def main() -> None:
                            tree.step_cut)
     rows, summary = [], {}
     for load in loads:
-        pg = app.Playground(engines, worker, app.FRAME_INTERVAL_S, costs)
+        pg = handlers.Playground(engines, worker, handlers.FRAME_INTERVAL_S, costs)
         with (busy_cores() if load == "busy" else nullcontext(),
               in_browser(engines, worker, costs, args.tokens) if load == "browser"
               else nullcontext(in_process(pg, settings)) as ask):

@@ -11,7 +11,8 @@
 # `deploy/cpu-space-pre-requirements.txt` as `pre-requirements.txt` first, so that the Space
 # installs the CPU build of torch; on GPU hardware it deletes that file from the Space. Then it
 # uploads what the app needs: app.py, requirements.txt, README.md (the Space's configuration),
-# .gitattributes, eagle_engine/ and assets/ (not the EAGLE-3.1 head the app does not load).
+# .gitattributes, eagle_engine/, playground/ and assets/ (not the EAGLE-3.1 head the app does not
+# load).
 # `HF` names the CLI (tests put a stand-in there).
 set -euo pipefail
 if [ $# -ne 2 ]; then
@@ -31,6 +32,6 @@ case $hardware in
 esac
 "$hf" upload "$space" . . --type space ${prior[@]+"${prior[@]}"} \
     --include app.py --include requirements.txt --include README.md --include .gitattributes \
-    --include 'eagle_engine/**' --include 'assets/**' \
+    --include 'eagle_engine/**' --include 'playground/**' --include 'assets/**' \
     --exclude 'assets/heads-eagle3.1/**' --exclude '**/__pycache__/**' --exclude '**/*.pyc' \
     --commit-message "EAGLE-3 Playground $(git rev-parse --short HEAD 2>/dev/null || echo upload)"

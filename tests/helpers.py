@@ -10,8 +10,8 @@ import torch
 
 from eagle_engine.config import DraftConfig, EngineConfig, SamplingParams, TargetConfig
 from eagle_engine.engine import EagleEngine
-from eagle_engine.kernels import TORCH, StepOps
 from eagle_engine.io_struct import EagleVerifyInput, EagleVerifyOutput
+from eagle_engine.kernels import TORCH, StepOps
 from eagle_engine.models.draft_io import draft_config_dict, export_state
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target

@@ -20,7 +20,8 @@ import pytest
 
 from eagle_engine.config import EngineConfig, TreeParams
 from eagle_engine.events import StepEvent
-from eagle_engine.ui_render import first_difference
+from playground import handlers, layout, serving, startup
+from playground.ui_render import first_difference
 from tests.app_fixtures import STORY
 
 if TYPE_CHECKING:
@@ -158,16 +159,15 @@ def test_context_drafts_toggle(app_server: AppServer) -> None:
 def test_context_drafts_toggle_reaches_the_engine(tmp_path: Path) -> None:
     """The sidebar toggle, in process on a tiny engine (no server): on, the answer carries tokens
     drafted from the context; off, none; the greedy text is the same."""
-    import app
     from tests.helpers import tiny_engine
 
     engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)  # the tokenizer's bytes
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     records = {}
     for on in (True, False):
         frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
                               0, False, "fp32", on))
-        records[on] = frames[-1][app.OUTPUTS.index("run")]
+        records[on] = frames[-1][handlers.OUTPUTS.index("run")]
     assert records[True]["text"] == records[False]["text"]
     assert any(s["kind"] == "context" for s in records[True]["spans"])
     assert not any(s["source"] in ("context", "both") for s in records[False]["spans"])
@@ -184,20 +184,19 @@ def test_panels_move_at_most_once_per_panel_interval(tmp_path: Path) -> None:
     import gradio as gr
     import pandas as pd
 
-    import app
     from tests.helpers import tiny_engine
 
     engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)
-    panels = [app.OUTPUTS.index(n) for n in ("tiles", "plot", "tree", "timing")]
-    at, chat = app.OUTPUTS.index("plot"), app.OUTPUTS.index("chat")
+    panels = [handlers.OUTPUTS.index(n) for n in ("tiles", "plot", "tree", "timing")]
+    at, chat = handlers.OUTPUTS.index("plot"), handlers.OUTPUTS.index("chat")
     frames = {}
     for interval in (0.0, 3600.0):
-        pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0,
+        pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0,
                             panel_interval=interval)
         frames[interval] = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0,
                                         1.0, 32, 0, False, "fp32", True))
         final = frames[interval][-1][at]
-        assert len(frames[interval]) > 3 and frames[interval][-1][app.OUTPUTS.index("run")][
+        assert len(frames[interval]) > 3 and frames[interval][-1][handlers.OUTPUTS.index("run")][
             "stats"]["num_steps"] == len(final["value"])
         assert final["x_lim"] == [0, max(len(final["value"]), 20) + 1]
         assert final["y_lim"] == [0, max(final["value"]["accepted"].max(), 5)]
@@ -212,16 +211,15 @@ def test_min_draft_probability_reaches_the_engine(tmp_path: Path) -> None:
     """The "Min draft probability" slider, in process on a tiny engine: at 0 a copied answer
     accepts drafts from the context; at 0.99 no draft scores that high, so every tree is the
     root alone and every token comes from the target; the greedy text is the same."""
-    import app
     from tests.helpers import tiny_engine
 
     engine = tiny_engine(tmp_path, weight_scale=1.0, vocab_size=256)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     records = {}
     for cut in (0.0, 0.99):
         frames = list(pg.send("abcdabcdabcdabcdabcd", [], True, True, 1, 2, 2, 5, 0.0, 1.0, 32,
                               0, False, "fp32", True, cut))
-        records[cut] = frames[-1][app.OUTPUTS.index("run")]
+        records[cut] = frames[-1][handlers.OUTPUTS.index("run")]
     assert records[0.0]["text"] == records[0.99]["text"]
     assert records[0.0]["stats"]["context_tokens"] > 0
     assert {s["kind"] for s in records[0.99]["spans"]} <= {"target", "bonus"}
@@ -372,9 +370,8 @@ class FakeEngine:
 @pytest.fixture(scope="module")
 def fake_app(fixed_events: list[StepEvent]) -> Iterator[Any]:
     """The real Blocks over FakeEngine, launched in-process on 127.0.0.1."""
-    import app
 
-    demo = app.build_demo([FakeEngine(fixed_events)])
+    demo = layout.build_demo([FakeEngine(fixed_events)])
     demo.queue(max_size=16, default_concurrency_limit=1)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     from gradio_client import Client
@@ -397,11 +394,10 @@ def test_sessions_past_the_cap_are_dropped(fixed_events: list[StepEvent]) -> Non
     """Gradio keeps a copy of the page's config and the chat history per page session; the app
     keeps `--max-sessions` of them, the least recently used going first, so visitors who come
     once leave no state behind."""
-    import app
     from gradio_client import Client
 
-    assert app.parse_args([]).max_sessions == app.MAX_SESSIONS
-    demo = app.build_demo([FakeEngine(fixed_events)])
+    assert startup.parse_args([]).max_sessions == startup.MAX_SESSIONS
+    demo = layout.build_demo([FakeEngine(fixed_events)])
     demo.queue(max_size=16, default_concurrency_limit=1)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True,
                             state_session_capacity=3)
@@ -418,11 +414,10 @@ def test_tree_sliders_start_at_the_default_tree_of_the_weights(
         fixed_events: list[StepEvent], q4: bool) -> None:
     """Dense targets start at `TreeParams()`; q4 targets at the tree their sweep chose, with a
     min draft probability (a q4 tree row costs more compute than a dense one)."""
-    import app
 
     engine = FakeEngine(fixed_events)
     engine.config = EngineConfig(target="fake", dtype="fp32", weights="q4" if q4 else "dense")
-    demo = app.build_demo([engine])
+    demo = layout.build_demo([engine])
     sliders = {b.elem_id: b.value for b in demo.blocks.values()
                if b.elem_id in ("topk", "num-steps", "draft-tokens", "min-score",
                                 "context-extra", "step-cut")}
@@ -437,7 +432,6 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
         fixed_events: list[StepEvent]) -> None:
     """After `autotune` (here a fixed measurement): the engines come fastest first, the sliders
     start at the measured tree, the status line and the weights note say what was measured."""
-    import app
     from eagle_engine.tools import autotune
 
     engines = [FakeEngine(fixed_events), FakeEngine(fixed_events)]
@@ -453,7 +447,7 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
         ["q4", "fp32"], 21.0, "test CPU")
     ordered = autotune.apply(engines, tuned)
     assert [e.config.weights_label for e in ordered] == ["q4", "fp32"]
-    demo = app.build_demo(ordered)
+    demo = layout.build_demo(ordered)
     blocks = {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
     assert (blocks["topk"].value, blocks["num-steps"].value, blocks["draft-tokens"].value,
             blocks["min-score"].value) == (3, 2, 4, 0.2)
@@ -466,13 +460,12 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
         fixed_events: list[StepEvent]) -> None:
     """Two engines (bf16 and q4 weights): the run uses the chosen one and records it, the
     tree sliders move to its default tree, and unknown weights are refused by name."""
-    import app
-    from eagle_engine import ui_render as ui
+    from playground import ui_render as ui
 
     engines = [FakeEngine(fixed_events), FakeEngine(fixed_events[:1])]
     engines[0].config = EngineConfig(target="fake", dtype="bf16")
     engines[1].config = EngineConfig(target="fake", weights="q4")
-    pg = app.Playground(engines, app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground(engines, serving.EngineThread(), frame_interval=0.0)
     assert list(pg.engines) == ["bf16", "q4"]
     q4 = engines[1].config.default_tree
     assert [u["value"] for u in pg.weights_changed("q4")] == [
@@ -482,7 +475,7 @@ def test_target_weights_pick_the_engine_and_its_default_tree(
     records = {}
     for weights in ("bf16", "q4"):
         settings = ui.Settings(True, True, 1, 4, 3, 4, 0.0, 1.0, 16, 0, False, weights)
-        records[weights] = list(pg.run([], "hello", settings))[-1][app.OUTPUTS.index("run")]
+        records[weights] = list(pg.run([], "hello", settings))[-1][handlers.OUTPUTS.index("run")]
     assert records["q4"]["weights"] == "q4" and records["bf16"]["weights"] == "bf16"
     assert records["q4"]["text"] != records["bf16"]["text"]  # the q4 fake stops early
     assert "target weights 'fp16' are not loaded; loaded: ['bf16', 'q4']" in pg.problems(
@@ -494,7 +487,6 @@ def test_frames_are_paced_but_every_event_is_drawn(batch: int) -> None:
     """Events ~20 ms apart with a 100 ms frame interval: the first event gets a frame at once,
     later frames come at least the interval apart (times the requests that shared the step),
     and every event reaches the view (the caller's final frame draws the rest)."""
-    import app
 
     def events() -> Iterator[StepEvent]:
         for i in range(30):
@@ -503,7 +495,7 @@ def test_frames_are_paced_but_every_event_is_drawn(batch: int) -> None:
 
     added: list[StepEvent] = []
     t0, shown, times = time.perf_counter(), [], []
-    for ev in app.paced(events(), added.append, interval=0.1):
+    for ev in handlers.paced(events(), added.append, interval=0.1):
         shown.append(ev.step)
         times.append(time.perf_counter())
     total = time.perf_counter() - t0
@@ -517,9 +509,8 @@ def test_stop_flags_one_answer_a_session_and_stop_reaches_only_it() -> None:
     flag and returns once the answer has ended, while another session's answer streams on."""
     import threading
 
-    import app
 
-    flags, started = app.StopFlags(), threading.Barrier(3)
+    flags, started = serving.StopFlags(), threading.Barrier(3)
     stopped_by_flag: dict[str, bool] = {}
 
     def answer(session: str) -> None:
@@ -542,7 +533,7 @@ def test_stop_flags_one_answer_a_session_and_stop_reaches_only_it() -> None:
 
 
 def test_render_orders_rejected_before_bonus_and_escapes(fixed_events: list[StepEvent]) -> None:
-    from eagle_engine import ui_render as ui
+    from playground import ui_render as ui
 
     view = ui.AnswerView()
     for ev in fixed_events:
@@ -563,9 +554,9 @@ def test_render_marks_drafts_from_the_context() -> None:
     """The fourth token kind: its own class, a tooltip naming it, its legend entry with a
     colour-independent cue; accepted drafts both sources proposed and rejected context drafts
     say so in their tooltips; the tree marks nodes from the context."""
-    from eagle_engine import ui_render as ui
     from eagle_engine.events import TokenSpan as T
     from eagle_engine.events import TreeNode
+    from playground import ui_render as ui
 
     tree = [TreeNode(5, " is", -1, 0, True, 1.0), TreeNode(6, " a", 0, 1, True, 0.8, "both"),
             TreeNode(7, " copy", 1, 2, True, 0.6, "context"),
@@ -599,8 +590,8 @@ def test_code_blocks_show_rejected_drafts_as_markers_and_prose_keeps_them_inline
     """Inside a ``` block a rejected draft is an empty marker whose tooltip holds its escaped
     text and kept tokens are monospace; after the block, rejected drafts are struck-through
     text again. Nothing model-written reaches the page unescaped in either form."""
-    from eagle_engine import ui_render as ui
     from eagle_engine.events import TokenSpan as T
+    from playground import ui_render as ui
 
     view = ui.AnswerView()
     view.add(StepEvent(0, "eagle", [T(1, "Code:\n``", "target", 0)], "Code:\n``"))
@@ -625,8 +616,8 @@ def test_code_blocks_show_rejected_drafts_as_markers_and_prose_keeps_them_inline
 
 
 def test_speedup_tile_shows_the_estimate_until_a_measured_speedup_replaces_it() -> None:
-    from eagle_engine import ui_render as ui
-    from eagle_engine.speed_estimate import Estimate
+    from playground import ui_render as ui
+    from playground.speed_estimate import Estimate
 
     stats = {"num_tokens": 41, "elapsed_s": 0.3, "tau": 1.5, "tokens_per_s": 136.7}
     est = Estimate(1.37, 0.41, 0.2, 5.25, 7.1, 6.5, 1.35)

@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-import app
-from eagle_engine import ui_render as ui
 from eagle_engine.engine import EagleEngine
-from eagle_engine.speed_estimate import CostTable, VerifyCost
+from playground import handlers, layout, serving, startup
+from playground import ui_render as ui
+from playground.speed_estimate import CostTable, VerifyCost
 from tests.helpers import tiny_engine
 
 QUESTIONS = ["abc", "hello there", "what is up", "tell me a story"]
@@ -32,19 +32,19 @@ def settings(engine: EagleEngine, spec: bool) -> ui.Settings:
                        engine.config.weights_label)
 
 
-def answer(pg: app.Playground, question: str, s: ui.Settings) -> tuple[dict, str, str]:
+def answer(pg: handlers.Playground, question: str, s: ui.Settings) -> tuple[dict, str, str]:
     """-> the final frame's run record, status line and tree."""
     last = list(pg.run([], question, s))[-1]
-    return tuple(last[app.OUTPUTS.index(name)] for name in ("run", "status", "tree"))
+    return tuple(last[handlers.OUTPUTS.index(name)] for name in ("run", "status", "tree"))
 
 
 @pytest.mark.parametrize("spec", [True, False], ids=["eagle", "plain"])
 def test_visitors_answered_together_get_their_solo_answers(engine: EagleEngine,
                                                            spec: bool) -> None:
     s = settings(engine, spec)
-    serial = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    serial = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     alone = [answer(serial, q, s) for q in QUESTIONS]
-    batched = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=4)
+    batched = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0, max_batch=4)
     results: list = [None] * len(QUESTIONS)
     start = threading.Barrier(len(QUESTIONS))
 
@@ -66,7 +66,7 @@ def test_visitors_answered_together_get_their_solo_answers(engine: EagleEngine,
 
 def test_a_stopped_visitor_leaves_the_batch(engine: EagleEngine) -> None:
     s = settings(engine, True)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=4)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0, max_batch=4)
     frames = pg.run([], QUESTIONS[3], s)
     next(frames)
     frames.close()  # what Gradio does when the visitor presses Stop
@@ -76,7 +76,7 @@ def test_a_stopped_visitor_leaves_the_batch(engine: EagleEngine) -> None:
 
 
 def test_chat_concurrency_is_the_batch(engine: EagleEngine) -> None:
-    demo = app.build_demo([engine], max_batch=4)
+    demo = layout.build_demo([engine], max_batch=4)
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values()
               if fn.api_name in ("chat", "regenerate")}
     assert limits == {"chat": 4, "regenerate": 4}
@@ -89,15 +89,15 @@ def stub_engine(weights: str) -> object:
 def test_a_cost_measured_after_start_joins_the_playgrounds_costs(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     """The second weights' verify cost is measured on the engine thread once the UI is up
-    (`app.fill_cost`): it lands, under its weights, in the dict the Playground holds (not a
+    (`startup.fill_cost`): it lands, under its weights, in the dict the Playground holds (not a
     copy), so that target's next answer has an estimate."""
     measured = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
-    monkeypatch.setattr(app, "measure", lambda engine, head: measured)
+    monkeypatch.setattr(startup, "measure", lambda engine, head: measured)
     costs: dict = {}
-    pg = app.Playground([engine], app.EngineThread(), 0.0, costs)
+    pg = handlers.Playground([engine], serving.EngineThread(), 0.0, costs)
     s = settings(engine, True)
     assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] is None
-    app.fill_cost(engine, "head", costs)
+    startup.fill_cost(engine, "head", costs)
     assert pg.costs == {engine.config.weights_label: measured}
     assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] > 0
 
@@ -108,7 +108,7 @@ def test_a_failed_cost_measurement_is_logged_and_leaves_no_cost(
     Future; that target's answers then show no estimate."""
     def broken(engine: object, head: str | None) -> VerifyCost:
         raise RuntimeError("injected")
-    monkeypatch.setattr(app, "measure", broken)
+    monkeypatch.setattr(startup, "measure", broken)
     costs: dict = {}
-    app.fill_cost(stub_engine("fp32"), "head", costs)
+    startup.fill_cost(stub_engine("fp32"), "head", costs)
     assert costs == {} and "fp32 weights' verify cost failed" in caplog.text

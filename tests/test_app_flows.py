@@ -14,10 +14,11 @@ import dataclasses
 import threading
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
-import app
 from eagle_engine.engine import EagleEngine
+from playground import conversation, handlers, serving
 from tests.helpers import ByteTokenizer
 from tests.test_app_batch import QUESTIONS, answer, engine, settings  # noqa: F401 (fixture)
 
@@ -32,7 +33,7 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     is out, and the engine answers the next message in full. A Stop with nothing streaming
     says in a toast that a message waiting in the queue cannot be taken back."""
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=compare)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0, max_batch=max_batch)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0, max_batch=max_batch)
     frames = pg.run([], QUESTIONS[3], s, session="visitor")
     first_out, go_on, pulled = threading.Event(), threading.Event(), []
 
@@ -48,19 +49,19 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     go_on.set()
     assert pg.stops.stop("visitor", timeout=60), "the answer ended by itself after Stop"
     thread.join(timeout=60)
-    status, history, run = (pulled[-1][app.OUTPUTS.index(k)] for k in ("status", "history", "run"))
+    status, history, run = (pulled[-1][handlers.OUTPUTS.index(k)] for k in ("status", "history", "run"))
     n = history[-1]["tokens"]
     assert status.startswith(f"Stopped after {n} token") and "ready" in status, status
     assert 0 < n < 48 and "text" not in run, "a stopped answer leaves no run record"
-    assert not any(str(f[app.OUTPUTS.index("status")]).startswith("Baseline") for f in pulled)
+    assert not any(str(f[handlers.OUTPUTS.index("status")]).startswith("Baseline") for f in pulled)
     assert not pg.stops.stop("visitor", timeout=1), "nothing streams: Stop finds no answer"
     said: list[str] = []
-    monkeypatch.setattr(app.gr, "Info", said.append)
+    monkeypatch.setattr(gr, "Info", said.append)
     pg.stop(SimpleNamespace(session_hash="visitor"))
-    assert said == [app.NOTHING_STREAMING], "a Stop with nothing streaming says why"
+    assert said == [handlers.NOTHING_STREAMING], "a Stop with nothing streaming says why"
     full = dataclasses.replace(s, compare=False)
     record, status, _ = answer(pg, QUESTIONS[3], full)
-    fresh = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    fresh = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     assert status.startswith("Done")
     assert record["text"] == answer(fresh, QUESTIONS[3], full)[0]["text"]
     if max_batch > 1:
@@ -70,10 +71,10 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
 def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
         engine: EagleEngine) -> None:
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=True)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     frames = pg.run([], QUESTIONS[3], s, session="visitor")
     baseline_out, go_on, pulled = threading.Event(), threading.Event(), []
-    status_at = app.OUTPUTS.index("status")
+    status_at = handlers.OUTPUTS.index("status")
 
     def visitor() -> None:
         for frame in frames:
@@ -88,10 +89,10 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
     go_on.set()
     assert pg.stops.stop("visitor", timeout=60)
     thread.join(timeout=60)
-    status, history, compare = (pulled[-1][app.OUTPUTS.index(k)]
+    status, history, compare = (pulled[-1][handlers.OUTPUTS.index(k)]
                                 for k in ("status", "history", "compare"))
     assert status.startswith("Stopped the baseline after") and "answer above is complete" in status
-    alone = answer(app.Playground([engine], app.EngineThread(), frame_interval=0.0),
+    alone = answer(handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0),
                    QUESTIONS[3], dataclasses.replace(s, compare=False))[0]
     assert history[-1]["text"] == alone["text"], "the answer itself is whole"
     assert "Baseline stopped after" in compare and "differ" not in compare
@@ -99,7 +100,7 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
 
 def test_an_answer_without_its_baseline_clears_the_last_compare(engine: EagleEngine) -> None:
     s = settings(engine, True)
-    pg, at = app.Playground([engine], app.EngineThread(), frame_interval=0.0), app.OUTPUTS.index(
+    pg, at = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0), handlers.OUTPUTS.index(
         "compare")
     compared = list(pg.run([], QUESTIONS[0], dataclasses.replace(s, compare=True)))
     assert "compare-verdict" in compared[-1][at]
@@ -119,29 +120,29 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
         engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "tokenizer", WholeChatTokenizer())
     s = dataclasses.replace(settings(engine, True), max_new_tokens=24)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     turns = [{"user": f"question {i}: " + "x" * 40, "text": f"answer {i}: " + "y" * 40,
               "html": f"answer {i}", "tokens": 50} for i in range(4)]
     reserve, window = 24 + s.num_draft_tokens, engine.config.max_len
 
     def prompt_len(kept: list[dict]) -> int:
-        return len(engine.encode(app.chat_messages(kept) + [{"role": "user", "content": "why"}]))
-    ids, left_out = app.fit_prompt(engine, turns, "why", reserve)
+        return len(engine.encode(conversation.chat_messages(kept) + [{"role": "user", "content": "why"}]))
+    ids, left_out = conversation.fit_prompt(engine, turns, "why", reserve)
     assert 0 < left_out < len(turns) and len(ids) == prompt_len(turns[left_out:])
     # the fewest turns out that leave a quarter of the window for the next turns
-    keep = app.KEEP_WHEN_FULL * window
+    keep = conversation.KEEP_WHEN_FULL * window
     assert len(ids) + reserve <= keep < prompt_len(turns[left_out - 1:]) + reserve
     last = list(pg.run(turns, "why", s))[-1]
-    status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
+    status, history = (last[handlers.OUTPUTS.index(k)] for k in ("status", "history"))
     assert status.startswith("Done")
-    assert f"the oldest {app.turns_text(left_out)} left out" in status
+    assert f"the oldest {conversation.turns_text(left_out)} left out" in status
     assert [t["user"] for t in history[:-1]] == [t["user"] for t in turns], "the chat keeps all"
     assert history[-1]["left_out"] == left_out
     # the next turn leaves out the same turns while it fits: its prompt starts with this one,
     # whose rows the prefix cache holds
-    after, still_out = app.fit_prompt(engine, history, "and?", reserve)
+    after, still_out = conversation.fit_prompt(engine, history, "and?", reserve)
     assert still_out == left_out and after[:len(ids)] == ids
-    fits = list(pg.run(turns[:1], "why", s))[-1][app.OUTPUTS.index("status")]
+    fits = list(pg.run(turns[:1], "why", s))[-1][handlers.OUTPUTS.index("status")]
     assert "left out" not in fits
 
 
@@ -152,15 +153,15 @@ def test_the_turns_to_leave_out_are_found_with_few_tokenizations(
     4k-token chat with the bundled tokenizer)."""
     monkeypatch.setattr(engine, "tokenizer", WholeChatTokenizer())
     turns = [{"user": f"q{i} " + "x" * 20, "text": f"a{i} " + "y" * 20} for i in range(40)]
-    reserve, keep = 28, app.KEEP_WHEN_FULL * engine.config.max_len
-    lengths = [len(engine.encode(app.chat_messages(turns[k:]) + [{"role": "user",
+    reserve, keep = 28, conversation.KEEP_WHEN_FULL * engine.config.max_len
+    lengths = [len(engine.encode(conversation.chat_messages(turns[k:]) + [{"role": "user",
                                                                    "content": "why"}]))
                for k in range(len(turns) + 1)]
     fewest = next(k for k, n in enumerate(lengths) if n + reserve <= keep)
     encodes = []
     real_encode = engine.encode
     monkeypatch.setattr(engine, "encode", lambda m: encodes.append(1) or real_encode(m))
-    ids, left_out = app.fit_prompt(engine, turns, "why", reserve)
+    ids, left_out = conversation.fit_prompt(engine, turns, "why", reserve)
     assert left_out == fewest > 20 and len(ids) == lengths[fewest]
     assert len(encodes) <= 2 + 6, f"{len(encodes)} tokenizations for 40 turns"
 
@@ -169,12 +170,12 @@ def test_only_the_first_frame_of_a_sent_message_empties_the_message_box(
         engine: EagleEngine) -> None:
     """What the visitor types while an answer streams stays in the box; Regenerate leaves the
     box alone."""
-    pg, at = app.Playground([engine], app.EngineThread(), frame_interval=0.0), app.OUTPUTS.index(
+    pg, at = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0), handlers.OUTPUTS.index(
         "prompt")
     sent = [frame[at] for frame in pg.run([], QUESTIONS[0], settings(engine, True))]
-    assert len(sent) > 2 and sent[0] == "" and all(p == app.gr.skip() for p in sent[1:])
+    assert len(sent) > 2 and sent[0] == "" and all(p == gr.skip() for p in sent[1:])
     again = pg.run([], QUESTIONS[0], settings(engine, True), from_box=False)
-    assert all(frame[at] == app.gr.skip() for frame in again)
+    assert all(frame[at] == gr.skip() for frame in again)
 
 
 def test_a_second_answer_while_the_session_streams_one_is_refused(engine: EagleEngine) -> None:
@@ -182,12 +183,12 @@ def test_a_second_answer_while_the_session_streams_one_is_refused(engine: EagleE
     other's turn: the second gets one frame that changes nothing (a toast says why; with no
     frame Gradio empties every output, the message box too) and the first ends whole."""
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48)
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     frames = pg.run([], QUESTIONS[3], s, session="visitor")
     next(frames)
-    assert list(pg.run([], QUESTIONS[0], s, session="visitor", from_box=False)) == [app.pack()]
+    assert list(pg.run([], QUESTIONS[0], s, session="visitor", from_box=False)) == [handlers.pack()]
     assert list(pg.run([], QUESTIONS[0], s, session="another"))  # other visitors go on
     last = list(frames)[-1]
-    status, history = (last[app.OUTPUTS.index(k)] for k in ("status", "history"))
+    status, history = (last[handlers.OUTPUTS.index(k)] for k in ("status", "history"))
     assert status.startswith("Done") and [t["user"] for t in history] == [QUESTIONS[3]]
     assert list(pg.run(history, QUESTIONS[0], s, session="visitor")), "free again once done"

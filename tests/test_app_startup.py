@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import app
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.engine import EagleEngine, HeadInfo, bundled_head_dirs
-from eagle_engine.ui_render import same_controls
+from playground import handlers, layout, serving, startup
+from playground.ui_render import same_controls
 
 
 def parse(argv: list[str], monkeypatch: pytest.MonkeyPatch, **env: str):
@@ -23,16 +23,16 @@ def parse(argv: list[str], monkeypatch: pytest.MonkeyPatch, **env: str):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return app.parse_args(argv)
+    return startup.parse_args(argv)
 
 
 def test_bundled_target_loads_the_bundled_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parse([], monkeypatch)
     assert args.target == "bundled"
     assert args.drafts == tuple(str(p) for p in bundled_head_dirs()) and len(args.drafts) == 3
-    configs = app.engine_configs(args, "cpu")
+    configs = startup.engine_configs(args, "cpu")
     assert [c.weights for c in configs] == ["q4", "dense"]  # the sidebar's "Target weights"
-    assert len(app.engine_configs(parse(["--single-weights"], monkeypatch), "cpu")) == 1
+    assert len(startup.engine_configs(parse(["--single-weights"], monkeypatch), "cpu")) == 1
 
 
 def test_another_target_loads_only_the_heads_given_for_it(monkeypatch: pytest.MonkeyPatch,
@@ -41,16 +41,16 @@ def test_another_target_loads_only_the_heads_given_for_it(monkeypatch: pytest.Mo
     named for it, from the command line or the environment (a Space's variables), or none."""
     args = parse(["--target", "owner/model"], monkeypatch)
     assert args.drafts == ()
-    configs = app.engine_configs(args, "cpu")
+    configs = startup.engine_configs(args, "cpu")
     assert [c.weights for c in configs] == ["dense"] and configs[0].target == "owner/model"
     args = parse(["--target", "owner/model", "--draft", "owner/head", "--draft", str(tmp_path)],
                  monkeypatch)
     assert args.drafts == ("owner/head", str(tmp_path))
     args = parse([], monkeypatch, EAGLE_TARGET="/models/llama", EAGLE_DRAFTS="a/b, c/d")
     assert (args.target, args.drafts) == ("/models/llama", ("a/b", "c/d"))
-    assert app.engine_configs(args, "cuda")[0].device == "cuda"
+    assert startup.engine_configs(args, "cuda")[0].device == "cuda"
     gguf = parse(["--target", "/models/other.gguf"], monkeypatch)
-    assert [c.weights for c in app.engine_configs(gguf, "cpu")] == ["q4", "dense"]
+    assert [c.weights for c in startup.engine_configs(gguf, "cpu")] == ["q4", "dense"]
 
 
 def test_heads_dir_without_heads_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -81,9 +81,9 @@ def test_examples_are_answered_without_a_loop() -> None:
     """Each example, greedy on the bundled q4 target (the default on a CPU): no 6 tokens in a
     row come back more than 3 times. "What is the capital of France?" failed it (49 times:
     "la France, la France, …")."""
-    engine = EagleEngine.load(app.engine_configs(app.parse_args(["--single-weights"]),
+    engine = EagleEngine.load(startup.engine_configs(startup.parse_args(["--single-weights"]),
                                                  "cpu")[0])
-    for example in app.EXAMPLES:
+    for example in layout.EXAMPLES:
         ids = engine.generate(engine.encode(example), SamplingParams(max_new_tokens=160)
                               ).token_ids
         grams = Counter(tuple(ids[i:i + 6]) for i in range(len(ids) - 5))
@@ -99,7 +99,7 @@ def test_without_a_head_the_sidebar_offers_the_target_alone() -> None:
 
         def head_info(self) -> list[HeadInfo]:
             return []
-    pg = app.Playground([NoHeads()], app.EngineThread(), frame_interval=0.25)
+    pg = handlers.Playground([NoHeads()], serving.EngineThread(), frame_interval=0.25)
     aux, layers, note = pg.sidebar_state(False, True, 1)
     assert layers["value"] in [value for _, value in layers["choices"]]
     assert not aux["interactive"] and aux["info"] == "no draft head is loaded"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle_engine.tools import autotune
 from eagle_engine.config import TreeParams
+from eagle_engine.tools import autotune
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -305,7 +305,7 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
     mark = answer.locator(".rej-mark").first
     ex(mark).to_be_visible()
     assert mark.inner_text() == ""
-    from eagle_engine.ui_render import SOURCE_TEXT
+    from playground.ui_render import SOURCE_TEXT
 
     sources = "|".join(SOURCE_TEXT.values())  # named where the context drafted it
     assert re.search(rf"rejected draft · step \d+ · depth \d+( · ({sources}))?: '",
@@ -564,7 +564,7 @@ def code_events() -> list[Any]:
 def test_token_pane_matches_reference(probe: PageProbe, fixed_events: list[Any]) -> None:
     """Fixed events rendered by ui_render into the chat's answer bubble (prose, then a code
     block with its rejected drafts as markers), compared pixel-wise."""
-    from eagle_engine import ui_render as ui
+    from playground import ui_render as ui
 
     page = probe.page
     ask(page, "Say hi.", 2)

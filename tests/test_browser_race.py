@@ -15,6 +15,7 @@ import pytest
 
 from eagle_engine.config import EngineConfig
 from eagle_engine.events import StepEvent, TokenSpan
+from playground import layout
 
 pytest_plugins = ["tests.app_fixtures"]
 PLAIN_TOKENS = ["def", " f", "(x)", ":", "\n   ", " return", " x"]
@@ -96,14 +97,13 @@ def race_page(chromium: Any, request: pytest.FixtureRequest) -> Iterator[tuple[A
     and that engine."""
     import gradio as gr
 
-    import app
     from tests.app_fixtures import open_page
 
     engine = RaceEngine(request.param)
-    demo = app.build_demo([engine])
+    demo = layout.build_demo([engine])
     demo.queue(max_size=16, default_concurrency_limit=1)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True,
-                            theme=gr.themes.Soft(), css_paths=[app.CSS])  # as `app.main`
+                            theme=gr.themes.Soft(), css_paths=[layout.CSS])  # as `app.main`
     probe = open_page(chromium, url, reduced_motion="no-preference")
     yield probe, engine
     probe.page.context.close()

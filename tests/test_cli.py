@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle_engine.tools import bench
-from eagle_engine.tools.cli import main
 from eagle_engine.config import TargetConfig, TreeParams
-from eagle_engine.tools.autotune import tree_label
 from eagle_engine.engine import ASSETS, DEFAULT_HEAD
 from eagle_engine.models.loader import read_config
 from eagle_engine.models.target import TargetModel
+from eagle_engine.tools import bench
+from eagle_engine.tools.autotune import tree_label
+from eagle_engine.tools.cli import main
 from tests.helpers import random_head, save_head, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -247,8 +247,8 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
     (not its last path part), a bundled name by itself; a head that is not loaded is an error."""
     from types import SimpleNamespace
 
-    from eagle_engine.tools.cli_args import pick_head
     from eagle_engine.config import ConfigError
+    from eagle_engine.tools.cli_args import pick_head
 
     (tmp_path / "my-head").mkdir()
     engine = SimpleNamespace(heads={"my-head": 0, "owner/hub-head": 1, "eagle3-noaux-1layer": 2})
@@ -264,9 +264,9 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
     targets, 5 with q4 weights; flags given always win."""
     from types import SimpleNamespace
 
-    from eagle_engine.tools.cli_args import tree_params
     from eagle_engine.config import Q4_TREE as q4
     from eagle_engine.config import EngineConfig
+    from eagle_engine.tools.cli_args import tree_params
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
                            context_drafts=None, min_score=None, context_extra=None,
@@ -316,8 +316,8 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
 
 
 def test_sweep_trees_are_named_fields() -> None:
-    from eagle_engine.tools.bench import parse_sweep
     from eagle_engine.config import ConfigError
+    from eagle_engine.tools.bench import parse_sweep
 
     assert parse_sweep("k=4,s=3,n=8;n=3,k=2,s=1,cut=0.2") == [
         TreeParams(4, 3, 8), TreeParams(2, 1, 3, min_score=0.2)]

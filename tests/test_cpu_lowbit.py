@@ -24,7 +24,13 @@ import pytest
 import torch
 from torch import nn
 
-from eagle_engine.config import Q4_TREE, ConfigError, EngineConfig, SamplingParams, TreeParams
+from eagle_engine.config import (
+    Q4_TREE,
+    ConfigError,
+    EngineConfig,
+    SamplingParams,
+    TreeParams,
+)
 from eagle_engine.hardware import cpu_flags
 from eagle_engine.kernels import cpu_lowbit
 from eagle_engine.kernels.cpu_lowbit import GROUP
@@ -324,7 +330,7 @@ def test_bundled_q4_greedy_speculative_equals_baseline() -> None:
 
 
 def test_app_status_names_the_target_weights() -> None:
-    from eagle_engine.ui_render import engine_status
+    from playground.ui_render import engine_status
 
     configs = [EngineConfig(), EngineConfig(weights="dense", dtype="bf16")]
     assert [c.weights_label for c in configs] == ["q4", "bf16"]

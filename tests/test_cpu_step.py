@@ -18,7 +18,11 @@ from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.io_struct import EagleVerifyInput
 from eagle_engine.kernels import TORCH, cpp_ops, cpu_lowbit, reference, step_ops
 from eagle_engine.kernels.checks import compact_cases, tree_cases, verify_cases
-from eagle_engine.verify import greedy_acceptance, sampled_acceptance, sampled_acceptance_torch
+from eagle_engine.verify import (
+    greedy_acceptance,
+    sampled_acceptance,
+    sampled_acceptance_torch,
+)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,11 @@ from eagle_engine.cuda_graph import (
     graph_mode,
 )
 from eagle_engine.engine import EagleEngine
-from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
+from eagle_engine.io_struct import (
+    EagleDraftExtendInput,
+    EagleDraftInput,
+    EagleVerifyInput,
+)
 from eagle_engine.kernels import reference
 from eagle_engine.kernels.reference import block_mask
 from eagle_engine.models.draft_model import Eagle3Draft

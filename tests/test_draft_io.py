@@ -15,12 +15,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle_engine.config import ConfigError, DraftConfig
-from eagle_engine.tools.inspect_draft import inspect_draft
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.kv_cache import causal_mask
-from eagle_engine.models.draft_io import draft_config_dict, export_state, load_draft, save_draft
+from eagle_engine.models.draft_io import (
+    draft_config_dict,
+    export_state,
+    load_draft,
+    save_draft,
+)
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
+from eagle_engine.tools.inspect_draft import inspect_draft
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

@@ -30,11 +30,18 @@ import torch
 from safetensors.torch import save_file
 
 from eagle_engine.config import ConfigError, DraftConfig
-from eagle_engine.tools.inspect_draft import inspect_draft
 from eagle_engine.models.draft_io import export_state, save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.target import TargetModel
-from tests.test_draft_io import Layout, assert_same_outputs, load, make_reference, outputs, report
+from eagle_engine.tools.inspect_draft import inspect_draft
+from tests.test_draft_io import (
+    Layout,
+    assert_same_outputs,
+    load,
+    make_reference,
+    outputs,
+    report,
+)
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

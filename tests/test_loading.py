@@ -15,7 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TargetConfig, TreeParams
+from eagle_engine.config import (
+    ConfigError,
+    EngineConfig,
+    SamplingParams,
+    TargetConfig,
+    TreeParams,
+)
 from eagle_engine.engine import EagleEngine
 from eagle_engine.models.loader import convert_gguf, load_target, resolve_target
 from eagle_engine.models.target import TargetModel

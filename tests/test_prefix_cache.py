@@ -16,9 +16,15 @@ import torch
 from eagle_engine.accept import extend
 from eagle_engine.config import SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
-from eagle_engine.run import Run
 from eagle_engine.kv_cache import KVCache
-from eagle_engine.prefix_cache import BLOCK_ROWS, PrefixCache, PrefixEntry, RowLayout, reusable_rows
+from eagle_engine.prefix_cache import (
+    BLOCK_ROWS,
+    PrefixCache,
+    PrefixEntry,
+    RowLayout,
+    reusable_rows,
+)
+from eagle_engine.run import Run
 from tests.helpers import tiny_engine
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -26,7 +26,12 @@ from eagle_engine.models.cpu_lowbit import FusedDecoder, LowBitLinear
 from eagle_engine.models.loader import load_target, load_tokenizer, resolve_target
 from eagle_engine.models.target import TargetModel
 from tests.helpers import make_hf_qwen3_target, tiny_engine
-from tests.test_target import assert_cached_greedy_parity, hf_greedy, prefill_parity, prompt
+from tests.test_target import (
+    assert_cached_greedy_parity,
+    hf_greedy,
+    prefill_parity,
+    prompt,
+)
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

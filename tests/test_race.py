@@ -1,4 +1,4 @@
-"""The race (eagle_engine/race.py, app.Playground.race): the timings the page replays are the
+"""The race (playground/race.py, handlers.Playground.race): the timings the page replays are the
 two real runs' own events (each event's engine seconds and the token elements it drew), with
 "compare" on and with the Race button after an answer; the panel carries them once, escaped,
 and says who finished first by the recorded times. The replay itself is in the browser
@@ -12,14 +12,15 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import gradio as gr
 import pytest
 
-import app
-from eagle_engine import ui_render as ui
 from eagle_engine.engine import EagleEngine
 from eagle_engine.events import StepEvent, TokenSpan
-from eagle_engine.race import Lane, compare_html, plain_offset, race_data, result_text
-from eagle_engine.speed_estimate import CostTable, VerifyCost
+from playground import handlers, serving
+from playground import ui_render as ui
+from playground.race import Lane, compare_html, plain_offset, race_data, result_text
+from playground.speed_estimate import CostTable, VerifyCost
 from tests.test_app_batch import engine, settings  # noqa: F401 (fixture)
 
 RACE_ATTR = re.compile(r'data-race="([^"]*)"')
@@ -29,7 +30,7 @@ QUESTION = "tell me a story"
 class Spy:
     """Records the events of every run the playground streams, one list per run."""
 
-    def __init__(self, pg: app.Playground) -> None:
+    def __init__(self, pg: handlers.Playground) -> None:
         self.runs: list[list[StepEvent]] = []
         events = pg._events
 
@@ -64,11 +65,11 @@ def assert_race_of(race: dict, eagle: list[StepEvent], plain: list[StepEvent]) -
 
 
 def test_compare_races_the_two_runs_with_their_own_event_times(engine: EagleEngine) -> None:
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
     spy = Spy(pg)
     s = dataclasses.replace(settings(engine, True), compare=True)
     last = list(pg.run([], QUESTION, s))[-1]
-    run, compare = (last[app.OUTPUTS.index(k)] for k in ("run", "compare"))
+    run, compare = (last[handlers.OUTPUTS.index(k)] for k in ("run", "compare"))
     eagle, plain = spy.runs
     assert eagle[0].mode == "eagle" and plain[0].mode == "ar"
     assert_race_of(run["race"], eagle, plain)
@@ -83,35 +84,35 @@ def test_the_race_button_races_the_last_answer_with_plain_decoding(engine: Eagle
     answer's sampling and weights; the tiles get the measured speedup beside the answer's
     estimate; a plain answer or none cannot race."""
     cost = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
-    pg = app.Playground([engine], app.EngineThread(), 0.0, {engine.config.weights_label: cost})
+    pg = handlers.Playground([engine], serving.EngineThread(), 0.0, {engine.config.weights_label: cost})
     spy = Spy(pg)
     last = list(pg.run([], QUESTION, settings(engine, True)))[-1]
-    history = last[app.OUTPUTS.index("history")]
-    assert last[app.OUTPUTS.index("compare")] == "" and len(spy.runs) == 1
+    history = last[handlers.OUTPUTS.index("history")]
+    assert last[handlers.OUTPUTS.index("compare")] == "" and len(spy.runs) == 1
     frames = list(pg.race(history))
     final = frames[-1]
-    status, compare, tiles = (final[app.OUTPUTS.index(k)] for k in ("status", "compare", "tiles"))
+    status, compare, tiles = (final[handlers.OUTPUTS.index(k)] for k in ("status", "compare", "tiles"))
     eagle, plain = spy.runs
     assert_race_of(panel_race(compare), eagle, plain)
     assert "".join(ev.text for ev in plain) == history[-1]["text"]  # greedy: the same text
     assert status.startswith("Race ready · ")
     estimated = history[-1]["race"]["estimate"].speedup
     assert f"(measured; estimate ≈{estimated:.2f}×)" in tiles
-    assert any(str(f[app.OUTPUTS.index("status")]).startswith("Baseline") for f in frames[:-1])
+    assert any(str(f[handlers.OUTPUTS.index("status")]).startswith("Baseline") for f in frames[:-1])
     plain_answer = list(pg.run([], QUESTION, settings(engine, False)))[-1]
     said: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(app.gr, "Warning", said.append)
-        assert list(pg.race(plain_answer[app.OUTPUTS.index("history")])) == [app.pack()]
-        assert list(pg.race([])) == [app.pack()]
+        mp.setattr(gr, "Warning", said.append)
+        assert list(pg.race(plain_answer[handlers.OUTPUTS.index("history")])) == [handlers.pack()]
+        assert list(pg.race([])) == [handlers.pack()]
     assert len(said) == 2 and "needs a whole EAGLE-3 answer" in said[0]
 
 
 def test_only_the_last_turn_keeps_its_race(engine: EagleEngine) -> None:
-    pg = app.Playground([engine], app.EngineThread(), frame_interval=0.0)
-    history = list(pg.run([], QUESTION, settings(engine, True)))[-1][app.OUTPUTS.index("history")]
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
+    history = list(pg.run([], QUESTION, settings(engine, True)))[-1][handlers.OUTPUTS.index("history")]
     history = list(pg.run(history, "and then?", settings(engine, True)))[-1][
-        app.OUTPUTS.index("history")]
+        handlers.OUTPUTS.index("history")]
     assert ["race" in t for t in history] == [False, True]
 
 

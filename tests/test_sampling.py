@@ -17,7 +17,6 @@ sampler primitives (`target_probs`, `sample_from`).
 from __future__ import annotations
 
 import functools
-
 import zlib
 from collections import Counter
 from collections.abc import Callable

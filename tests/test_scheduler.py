@@ -17,11 +17,11 @@ import torch
 
 from eagle_engine.config import ConfigError, EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
-from eagle_engine.run import Run
 from eagle_engine.events import StepEvent
 from eagle_engine.io_struct import EagleDraftExtendInput, EagleDraftInput
 from eagle_engine.kv_cache import causal_mask, tree_mask
 from eagle_engine.models.batched import SeqRows, draft_forward, target_forward
+from eagle_engine.run import Run
 from eagle_engine.scheduler import Handle, Scheduler
 from eagle_engine.tools.sync_count import HostSyncs
 from tests.helpers import tiny_engine

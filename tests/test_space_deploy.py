@@ -80,7 +80,8 @@ def test_upload_script_sends_what_the_app_needs(tmp_path: Path, hardware: str) -
     sent = set(filter_repo_objects(tracked(), allow_patterns=option(folder, "--include"),
                                    ignore_patterns=option(folder, "--exclude")))
     needed = {"app.py", "requirements.txt", "README.md", ".gitattributes",
-              "eagle_engine/__init__.py", "eagle_engine/engine.py", "assets/style.css",
+              "eagle_engine/__init__.py", "eagle_engine/engine.py", "playground/handlers.py",
+              "assets/style.css", "assets/copy_as_text.js",
               "assets/heads/eagle3-aux-1layer/model.safetensors"}
     assert needed <= sent, sorted(needed - sent)
     assert not {p for p in sent if p.startswith(("tests/", "docs/", "data/", "benchmarks/",

@@ -1,4 +1,4 @@
-"""The speedup estimate (eagle_engine/speed_estimate.py): the verify-cost table measured at
+"""The speedup estimate (playground/speed_estimate.py): the verify-cost table measured at
 start-up (rows and context interpolation, its build from timings), the estimate's arithmetic
 (plain step = an answer's verify time over what those forwards cost in plain steps), that a
 load slowing every forward alike leaves the estimate unchanged, the cases without one, and the
@@ -11,9 +11,19 @@ from pathlib import Path
 import pytest
 
 from eagle_engine.events import StepEvent, TokenSpan, TreeNode
-from eagle_engine.speed_estimate import (WARMUP_ROWS, CostTable, Verify, VerifyCost, cost_table,
-                                         estimate, measure, measured_speedup, plain_step_ms,
-                                         verify_of, warmup_tree)
+from playground.speed_estimate import (
+    WARMUP_ROWS,
+    CostTable,
+    Verify,
+    VerifyCost,
+    cost_table,
+    estimate,
+    measure,
+    measured_speedup,
+    plain_step_ms,
+    verify_of,
+    warmup_tree,
+)
 
 
 def test_cost_table_interpolates_in_rows_and_goes_on_past_the_largest() -> None:

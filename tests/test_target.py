@@ -19,8 +19,8 @@ from eagle_engine.baseline import generate_batch
 from eagle_engine.chat import encode_chat
 from eagle_engine.config import EngineConfig, SamplingParams
 from eagle_engine.engine import EagleEngine
-from eagle_engine.kv_cache import causal_mask
 from eagle_engine.kernels.attention import attend, score_bias
+from eagle_engine.kv_cache import causal_mask
 from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel, TargetOutput
 from tests.helpers import TINY
@@ -52,7 +52,12 @@ class Pair:
 
 def save_random_hf(directory: Path, family: str, overrides: dict, seed: int = 0) -> torch.nn.Module:
     """A random transformers model with non-trivial norms and biases, saved to `directory`."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     kw = {**TINY, **overrides}

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_engine.tools.cli import main
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.io_struct import EagleDraftExtendInput
@@ -23,9 +22,16 @@ from eagle_engine.models.draft_io import save_draft
 from eagle_engine.models.draft_model import Eagle3Draft
 from eagle_engine.models.loader import load_target
 from eagle_engine.models.target import TargetModel
+from eagle_engine.tools.cli import main
 from eagle_engine.train.pipeline import inherited_vocab, init_head
-from eagle_engine.train.trainer import (Batch, Recipe, TrainParams, ttt_attention, ttt_hidden,
-                                        ttt_loss)
+from eagle_engine.train.trainer import (
+    Batch,
+    Recipe,
+    TrainParams,
+    ttt_attention,
+    ttt_hidden,
+    ttt_loss,
+)
 from tests.helpers import ByteTokenizer, make_hf_target, random_head
 
 DATA = Path(__file__).parent / "data" / "prompts_small.jsonl"
@@ -742,6 +748,8 @@ def test_several_prompt_files_and_saved_answer_files(tmp_path: Path, monkeypatch
     assert main(["train", "--quick", *saved, "--out", str(tmp_path / "h6"),
                  "--work-dir", str(tmp_path / "w6")]) == 2  # generating needs prompts
     assert "train needs --prompts FILE" in capsys.readouterr().err
-    from eagle_engine.train.pipeline import data_line  # a resumed run's answers, no file named
+    from eagle_engine.train.pipeline import (
+        data_line,  # a resumed run's answers, no file named
+    )
     assert data_line(argparse.Namespace(prompts=None, responses=None, teacher_forced=None),
                      rows) == f"{len(rows)} self-distilled responses of the work directory"

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import SamplingParams, TreeParams
-from .events import StepEvent
+from eagle_engine.config import SamplingParams, TreeParams
+from eagle_engine.events import StepEvent
 
 WARMUP_TOKENS = 24  # tokens of each warm-up run
 WARMUP_ROWS = (1, 2, 4, 8, 16, 32, 64)  # tree rows measured (1: the root alone)

@@ -7,7 +7,7 @@ them (`compare_html`: both answers side by side, the greedy-identity verdict and
 first) and the panel while plain decoding runs (`live_html`). The server sends a race once;
 the page's script (assets/race.js) replays it in the browser, so the replay costs the engine
 nothing. Pure functions of plain data; every piece of model text is HTML-escaped by
-`ui_render`. Not here: running the two answers (`app.py`) or drawing token spans
+`ui_render`. Not here: running the two answers (`handlers.py`) or drawing token spans
 (`ui_render.py`).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ latest draft tree as SVG (nodes from the context marked), per-phase timings and 
 data; plus the mapping of the sidebar's values to an engine request (which loaded head an
 (aux, layers) choice means). Pure functions of plain data: no Gradio, no tensors. Every piece
 of model and user text is HTML-escaped here. Not here: decoding (`engine.py`), the EAGLE-3 vs
-plain comparison and its race (`race.py`) or Gradio wiring (`app.py`)."""
+plain comparison and its race (`race.py`) or Gradio wiring (`layout.py`, `handlers.py`)."""
 from __future__ import annotations
 
 import html
@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from .config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
-from .engine import DEFAULT_HEAD
-from .events import StepEvent, TreeNode
+from eagle_engine.config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
+from eagle_engine.engine import DEFAULT_HEAD
+from eagle_engine.events import StepEvent, TreeNode
+
 from .speed_estimate import Estimate, Verify, verify_of
 
 KIND_CLASS = {"accepted": "tok-acc", "context": "tok-ctx", "rejected": "tok-rej",

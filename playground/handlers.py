@@ -1,0 +1,392 @@
+"""The playground's event handlers over the loaded engines (`Playground`): sending a message,
+streaming its answer frame by frame, the race with plain decoding, Stop, Clear and the
+sidebar's state; and the helpers of a frame.
+Not here: the layout (`layout.py`), drawing (`ui_render.py`, `race.py`), the engine.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import closing
+from typing import Any
+
+import gradio as gr
+
+from eagle_engine import memory
+from eagle_engine.config import (
+    CONTEXT_DRAFTS,
+    ConfigError,
+    SamplingParams,
+    TreeParams,
+)
+from eagle_engine.events import StepEvent
+
+from . import ui_render as ui
+from .conversation import conversation_ids, fit_prompt, turns_text
+from .race import Lane, compare_html, live_html, race_data, result_text
+from .serving import EngineThread, StopFlags
+from .speed_estimate import Estimate, VerifyCost, estimate, measured_speedup
+
+log = logging.getLogger("app")
+# A frame costs Gradio tens of ms, more than an engine step, and a
+# browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
+# much as at 0.25 s. Events within this interval share a frame.
+FRAME_INTERVAL_S = 0.25
+# How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
+# a prefill at worst) before Gradio cancels the run between two frames.
+STOP_WAIT_S = 10.0
+# What Stop says when the session streams nothing: Gradio's `cancels` do not reach an answer
+# still waiting in its queue (a visitor beyond the --max-batch answered at once), which starts
+# when its turn comes.
+NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting in the queue "
+                     "(the status line shows its place) cannot be taken back there: it starts "
+                     "when its turn comes, and Stop ends it then.")
+# The panels under the chat (speed tiles, step plot, tree, timing) cost the browser a redraw for
+# every frame that carries them, and a browser on the engine's cores takes that time from the
+# engine: with them in the last frame only, the engine ran ~7% faster. While an answer streams
+# they move at most once per this interval, the first time one interval after the answer starts
+# (the tokens in the chat stream every frame); the last frame draws them.
+PANEL_INTERVAL_S = 1.0
+
+
+OUTPUTS = ("prompt", "chat", "history", "status", "tiles", "plot", "tree", "timing", "compare",
+           "run")
+
+
+def pack(**values: Any) -> tuple:
+    """Handler outputs in OUTPUTS order; outputs not given are left as they are."""
+    return tuple(values.get(name, gr.skip()) for name in OUTPUTS)
+
+
+class Playground:
+    """Event handlers bound to the loaded engines (the target as loaded and, on a CPU with bf16,
+    a copy with 4-bit weights: the sidebar's "Target weights"), stepped on one `EngineThread`.
+    Both engines share the tokenizer and carry the same heads. Every request goes through the
+    engine's own `Scheduler` (one set of caches and CUDA graphs an engine): with `max_batch` > 1
+    it steps on the engine thread as requests come (up to `max_batch` answered together); with
+    1, `engine.stream` steps it on the engine thread."""
+
+    def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
+                 costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
+                 panel_interval: float = PANEL_INTERVAL_S) -> None:
+        self.engines = {e.config.weights_label: e for e in engines}  # first = default
+        self.heads, self.worker = engines[0].head_info(), worker
+        self.batched = max_batch > 1
+        if self.batched:  # each engine's own scheduler, its steps on the engine thread
+            for engine in engines:
+                engine.scheduler.step_on(worker)
+        self.frame_interval, self.panel_interval = frame_interval, panel_interval
+        # each target's verify cost in plain steps (the speedup estimate), keyed like engines;
+        # held, not copied: a measurement that ends after start-up (`fill_cost`) joins it
+        self.costs = costs if costs is not None else {}
+        self.stops = StopFlags()
+
+    def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
+        """Readable reasons to refuse a request (the engine's messages name the parameter)."""
+        out = [] if prompt.strip() else ["Type a message first."]
+        if settings.weights not in self.engines:
+            out.append(f"target weights {settings.weights!r} are not loaded; loaded: "
+                       f"{list(self.engines)}")
+        try:
+            settings.request(self.heads)
+        except ConfigError as e:
+            out.append(str(e))
+        return out
+
+    def _steps(self, engine: Any, ids: list[int], sampling: SamplingParams,
+               tree: TreeParams | None, head: str | None) -> Iterator[StepEvent]:
+        try:
+            yield from self._events(engine, ids, sampling, tree, head)
+        except ConfigError as e:
+            raise gr.Error(str(e), title="Request refused") from e
+        except Exception as e:  # noqa: BLE001 - any engine failure becomes a readable toast
+            log.exception("engine failure")
+            raise gr.Error(f"The engine failed ({type(e).__name__}: {e}). The page stays usable: "
+                           "try again, shorten the chat or change the settings.") from e
+
+    def _events(self, engine: Any, ids: list[int], sampling: SamplingParams,
+                tree: TreeParams | None, head: str | None) -> Iterator[StepEvent]:
+        """The request's events: from the engine's scheduler (a stopped visitor's request leaves
+        before its next step), or, one request at a time, each step of `engine.stream` on the
+        engine thread."""
+        if not self.batched:
+            stream = engine.stream(ids, sampling, tree, head)
+            while (ev := self.worker.call(next, stream, None)) is not None:
+                yield ev
+            return
+        handle = engine.scheduler.submit(ids, sampling, tree, head)
+        try:
+            yield from handle.events()
+        finally:
+            handle.cancel()
+
+    def run(self, turns: list[dict], user_text: str, s: ui.Settings,
+            session: str | None = None, from_box: bool = True) -> Iterator[tuple]:
+        """Stream one answer (then the baseline when comparing): a frame for the first engine
+        step, then at most one per `frame_interval` seconds, and the final one; the panels
+        (tiles, step plot, tree, timing) at most once per `panel_interval` seconds, the first
+        time one interval after the start, and in the final one.
+        Stop (`stop` with the same `session`) ends it after the engine step in flight.
+        `from_box`: `user_text` came from the message box, which the first frame empties."""
+        if problems := self.problems(user_text, s):
+            raise gr.Error(" ".join(problems), title="Invalid input")
+        with self.stops.running(session) as stop:
+            if stop is None:
+                gr.Warning("An answer is still streaming: wait for it or press Stop, then send "
+                           "again (your message stays in the box).")
+                yield pack()  # a run that yields no frame empties every output
+                return
+            try:
+                yield from self._answer(turns, user_text, s, stop, from_box)
+            finally:  # what the answer freed goes back to the system (`memory.py`)
+                memory.trim()
+
+    def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
+                stop: threading.Event, from_box: bool) -> Iterator[tuple]:
+        sampling, tree, head = s.request(self.heads)
+        engine, cost = self.engines[s.weights], self.costs.get(s.weights)
+        ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
+            tree.max_rows if head else 1))
+        t0 = time.perf_counter()
+        view = ui.AnswerView()
+        with closing(self._steps(engine, ids, sampling, tree, head)) as events:
+            first = next(events)  # context-window and engine errors surface before history changes
+            # only the last turn keeps what a race on request needs
+            turns = [{k: v for k, v in t.items() if k != "race"} for t in turns] + [{}]
+            batches = []  # how many requests shared each step
+
+            def add(ev: StepEvent) -> None:
+                view.add(ev)
+                batches.append(ev.batch)
+            drawn = time.perf_counter()  # when the panels last moved (before: the last answer's)
+            for ev in paced(itertools.chain([first], events), add, self.frame_interval, stop):
+                turns[-1] = answer_turn(user_text, view, left_out)
+                status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
+                          f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
+                now = time.perf_counter()
+                panels = now - drawn >= self.panel_interval
+                drawn = now if panels else drawn
+                yield self._frame(turns, status, view, head, None, s.weights,
+                                  estimate(cost, len(ids), view.verifies, view.stats)
+                                  if head and panels else None, panels=panels,
+                                  sent=from_box and ev is first)
+        turns[-1] = answer_turn(user_text, view, left_out)
+        on_screen = time.perf_counter() - t0
+
+        def cut(answer: ui.AnswerView) -> bool:  # Stop ended it before its own end
+            return stop.is_set() and not answer.finished
+        est = estimate(cost, len(ids), view.verifies, view.stats) if head else None
+        speedup, base = None, None
+        if head is not None and not cut(view):
+            turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling,
+                                 "weights": s.weights, "estimate": est}
+        if head is not None and s.compare and not cut(view):
+            base = yield from self._plain_run(engine, ids, sampling, stop)
+            if not cut(base):
+                speedup = measured_speedup(view.stats, base.stats)
+        if cut(view) or (base is not None and cut(base)):
+            status = (f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}; the answer "
+                      "above is complete." if base
+                      else f"Stopped after {ui.tokens_text(view.num_tokens)}.")
+            yield self._frame(turns, status + " The engine is ready for the next message.", view,
+                              head, None, s.weights, est, base, sampling.greedy, stopped=True)
+            return
+        reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
+        reused = view.stats.get("reused_tokens", 0)
+        status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
+                  f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}"
+                  f" · {s.weights} target"
+                  + (f" · steps shared by up to {max(batches)} requests"
+                     if max(batches) > 1 else "")
+                  + (f" · {reused} prompt tokens reused from the cache" if reused else "")
+                  + (f" · the oldest {turns_text(left_out)} left out of the prompt to fit the "
+                     f"{engine.config.max_len}-token context window" if left_out else ""))
+        yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
+                          sampling.greedy)
+
+    def _plain_run(self, engine: Any, ids: list[int], sampling: SamplingParams,
+                   stop: threading.Event) -> Generator[tuple, None, ui.AnswerView]:
+        """Plain decoding of an answer's prompt for its race, streamed into the compare panel
+        (its tokens alone, so that the page draws about what it drew for the answer); returns
+        its view."""
+        base = ui.AnswerView()
+        with closing(self._steps(engine, ids, sampling, None, None)) as events:
+            for _ in paced(events, base.add, self.frame_interval, stop):
+                yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
+                           compare=live_html(base))
+        return base
+
+    def race(self, history: list[dict], request: gr.Request | None = None) -> Iterator[tuple]:
+        """The Race button: plain decoding of the last answer's prompt (with that answer's
+        sampling and target weights), then the race of the two in the compare panel and the
+        measured speedup in the tiles, beside the answer's estimate."""
+        side = history[-1].get("race") if history else None
+        if side is None:
+            gr.Warning("The race needs a whole EAGLE-3 answer: send a message with speculative "
+                       "decoding on first (an answer that was stopped cannot race).")
+            yield pack()
+            return
+        with self.stops.running(session_of(request)) as stop:
+            if stop is None:
+                gr.Warning("An answer is still streaming: wait for it or press Stop.")
+                yield pack()
+                return
+            try:
+                yield from self._race(history, side, stop)
+            finally:
+                memory.trim()
+
+    def _race(self, history: list[dict], side: dict, stop: threading.Event) -> Iterator[tuple]:
+        eagle, sampling = side["lane"], side["sampling"]
+        if side["weights"] not in self.engines:
+            raise gr.Error(f"target weights {side['weights']!r} are not loaded")
+        engine, turn = self.engines[side["weights"]], history[-1]
+        ids = conversation_ids(engine, history[:-1], turn["user"], turn.get("left_out", 0))
+        base = yield from self._plain_run(engine, ids, sampling, stop)
+        plain = Lane.of(base)
+        if stop.is_set() and not base.finished:
+            yield pack(status=f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}.",
+                       compare=compare_html(eagle, plain, sampling.greedy, stopped=True))
+            return
+        speedup = measured_speedup(eagle.stats, base.stats)
+        yield pack(status=f"Race ready · {result_text(eagle, plain)}",
+                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"]),
+                   compare=compare_html(eagle, plain, sampling.greedy))
+
+    def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
+               speedup: float | None, weights: str, est: Estimate | None,
+               base: ui.AnswerView | None = None, greedy: bool = True,
+               panels: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
+        """`sent`: the answer's first frame, which empties the message box; later frames leave
+        it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
+        plot, the tree and the timing (else they stay as they are). With `base`, the compare
+        panel: the race of the two, or, `stopped`, the two side by side."""
+        moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
+                     plot=step_plot(view.accepted_per_step),
+                     tree=ui.tree_svg(view.tree, view.tree_step),
+                     timing=ui.timing_html(view.stats)) if panels else {}
+        lanes = (Lane.of(view), Lane.of(base)) if base else None
+        return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
+                    history=turns, status=status, **moved,
+                    # an answer without its baseline (yet) clears the last answer's compare
+                    compare=compare_html(*lanes, greedy, stopped) if lanes else "",
+                    run=ui.run_record(view, head, speedup, base, greedy, weights, est,
+                                      race_data(*lanes) if lanes and not stopped else None)
+                    if status.startswith("Done") else gr.skip())
+
+    def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
+             topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
+             max_new_tokens: int, seed: float | None, compare: bool, weights: str,
+             context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
+             context_extra: int = 0, step_cut: float = 0.0,
+             request: gr.Request | None = None) -> Iterator[tuple]:
+        """Answer `prompt` after the session's chat history; streams one frame per step."""
+        yield from self.run(history, prompt, ui.Settings(
+            spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
+            step_cut), session_of(request))
+
+    def regenerate(self, history: list[dict], spec: bool, aux: bool, layers: int, topk: int,
+                   num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,
+                   max_new_tokens: int, seed: float | None, compare: bool, weights: str,
+                   context_drafts: bool = CONTEXT_DRAFTS, min_score: float = 0.0,
+                   context_extra: int = 0, step_cut: float = 0.0,
+                   request: gr.Request | None = None) -> Iterator[tuple]:
+        """Answer the last message again with the current settings."""
+        if not history:
+            gr.Warning("Nothing to regenerate yet: send a message first.")
+            yield pack()  # leaves the message box as it is
+            return
+        yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
+            spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
+            step_cut), session_of(request), from_box=False)
+
+    def weights_changed(self, weights: str) -> list[dict]:
+        """The tree sliders move to the default tree of the chosen target (q4 weights verify
+        small trees best)."""
+        tree = self.engines[weights].default_tree
+        return [gr.update(value=tree.topk), gr.update(value=tree.num_steps),
+                gr.update(value=tree.num_draft_tokens), gr.update(value=tree.min_score),
+                gr.update(value=tree.context_extra), gr.update(value=tree.step_cut)]
+
+    def clear(self) -> tuple:
+        return pack(prompt="", chat=[], history=[], status="Cleared.",
+                    tiles=ui.tiles_html({}, False), plot=step_plot([]), tree=ui.tree_svg([]),
+                    timing=ui.timing_html({}), compare="", run=None)
+
+    def stop(self, request: gr.Request | None = None) -> None:
+        """Stop: the session's streaming answer ends after its engine step in flight, with a last
+        frame that says so. With none streaming, a toast says why nothing stops: the visitor's
+        message may wait in the queue, where Stop cannot reach it (`StopFlags`)."""
+        if not self._end(request):
+            gr.Info(NOTHING_STREAMING)
+
+    def end(self, request: gr.Request | None = None) -> None:
+        """Clear's first step: end the session's streaming answer, as Stop does, silently."""
+        self._end(request)
+
+    def _end(self, request: gr.Request | None) -> bool:
+        """End the session's streaming answer; False when none was streaming."""
+        session = session_of(request)
+        return self.stops.stop(session, STOP_WAIT_S) or self.stops.streaming(session)
+
+    def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
+        """Updates for aux, layers and the head note: only combinations with a loaded head."""
+        aux_values = {h.use_aux for h in self.heads}
+        # without a head the radio keeps its one choice: Gradio refuses a value outside them
+        choices = ui.layer_choices(self.heads, aux) or [layers]
+        layers = layers if layers in choices else choices[0]
+        aux_info = ("aux hidden states feed the head three target layers instead of one"
+                    if len(aux_values) > 1 else
+                    f"only heads with aux {'on' if aux else 'off'} are loaded" if aux_values
+                    else "no draft head is loaded")
+        return (gr.update(interactive=spec and len(aux_values) > 1, info=aux_info),
+                gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
+                          value=layers, interactive=spec and len(choices) > 1),
+                ui.head_note(self.heads, spec, aux, layers))
+
+
+def session_of(request: gr.Request | None) -> str | None:
+    """The visitor's page session (None outside a Gradio event: no Stop reaches that answer)."""
+    return request.session_hash if request else None
+
+
+def step_plot(accepted_per_step: Sequence[int]) -> dict:
+    """The step plot's update: its data, and axes whose ticks fall on whole numbers."""
+    return gr.update(value=ui.steps_frame(accepted_per_step), **ui.steps_axes(accepted_per_step))
+
+
+def paced(events: Iterator[StepEvent], add: Callable[[StepEvent], None],
+          interval: float, stop: threading.Event | None = None) -> Iterator[StepEvent]:
+    """`add` every event; yield the first one and then those arriving at least `interval` after
+    the previous yield returned (the caller draws a frame for them). The caller draws the last
+    state itself once the events end. When B requests shared the event's engine step, the
+    interval is B times as long: the server then draws about as many frames per second for
+    all its visitors together as for one (frames cost the CPU the engine runs on). Ends early
+    once `stop` is set (read after every event)."""
+    last = None
+    for ev in events:
+        add(ev)
+        if stop is not None and stop.is_set():
+            return
+        if last is None or time.perf_counter() - last >= interval * ev.batch:
+            yield ev
+            last = time.perf_counter()
+
+
+def shared(batch: int) -> str:
+    """The status line's note on a step shared with other visitors' requests."""
+    if batch <= 1:
+        return ""
+    others = batch - 1
+    return f" · shared with {others} other request{'s' * (others > 1)}"
+
+
+def answer_turn(user_text: str, view: ui.AnswerView, left_out: int) -> dict:
+    """A turn of the chat history; `left_out`: the earlier turns its prompt left out."""
+    return {"user": user_text, "text": view.text, "html": view.html(), "tokens": view.num_tokens,
+            "left_out": left_out}
