@@ -32,17 +32,12 @@ def commit(vin: EagleVerifyInput, vout: EagleVerifyOutput, cache: KVCache,
     cache.commit_rows(vin.seq_len + torch.where(path >= 0, path, slots), vin.seq_len, ops)
 
 
-def read_back(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool) -> VerifyReadback:
-    """One copy to the host: [num_accepted, emitted (W), accepted_nodes (W), their sources (W)]
-    and, with `trace`, the tree's tokens, parents, depth, sources and scores (N each), packed as
-    float64 (exact for token ids below 2^53 and for float32 scores)."""
-    flat = torch.cat(readback_parts(vin, vout, trace)).tolist()  # the iteration's one host sync
-    return parse_readback(flat, vin, vout, trace)
-
-
 def readback_parts(vin: EagleVerifyInput, vout: EagleVerifyOutput, trace: bool
                    ) -> list[torch.Tensor]:
-    """What `read_back` copies, as float64 tensors (the scheduler packs several requests')."""
+    """A request's share of the step's one host read: [num_accepted, emitted (W),
+    accepted_nodes (W), their sources (W)] and, with `trace`, the tree's tokens, parents, depth,
+    sources and scores (N each), as float64 tensors (exact for token ids below 2^53 and for
+    float32 scores); the scheduler packs every request's into one copy."""
     path_sources = vin.sources[vout.accepted_nodes.clamp_min(0)]  # [W] (past the end: junk)
     parts = [vout.num_accepted, vout.emitted, vout.accepted_nodes, path_sources]
     if trace:
@@ -66,7 +61,7 @@ def parse_readback(flat: list[float], vin: EagleVerifyInput, vout: EagleVerifyOu
 def extend_input(vin: EagleVerifyInput, vout: EagleVerifyOutput, num_accepted: int,
                  features: torch.Tensor) -> EagleDraftExtendInput:
     """features [N, W_h] verify features -> the draft extend's input: the emitted tokens with
-    the features of the accepted nodes (`num_accepted` from `read_back`)."""
+    the features of the accepted nodes (`num_accepted` from the host read)."""
     n = num_accepted + 1
     return EagleDraftExtendInput(tokens=vout.emitted[:n],
                                  hidden=features.index_select(0, vout.accepted_nodes[:n]),

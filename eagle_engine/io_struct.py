@@ -1,7 +1,7 @@
 """Per-phase data types of one EAGLE-3 iteration, one class per phase, never reused across phases.
 
     EagleDraftInput -> draft() -> DraftTree [-> merge_context(ContextDraft)] -> build_tree()
-    -> EagleVerifyInput -> verify() -> EagleVerifyOutput -> commit(), read_back()
+    -> EagleVerifyInput -> verify() -> EagleVerifyOutput -> commit(), readback_parts()
     -> VerifyReadback (the host's one copy) -> EagleDraftExtendInput -> extend()
     -> EagleDraftInput
 
@@ -10,7 +10,7 @@ an iteration makes one host sync, the packed copy behind `VerifyReadback`. `Cont
 the exception that proves it: host data proposed from tokens the host already holds, written
 into the tree without reading anything back. The widths of
 hidden-state tensors come only from `hidden_size_for` / `dtype_for` here; every buffer that
-holds hidden states (idle inputs, CUDA-graph static buffers) is sized through them.
+holds hidden states (CUDA-graph static buffers) is sized through them.
 Not here: any computation. Shapes are for one request: the scheduler keeps one of each per
 request and batches only the forwards (`batch_phases.py`).
 """
@@ -41,14 +41,6 @@ class EagleDraftInput:
     @classmethod
     def dtype_for(cls, draft_module: torch.nn.Module) -> torch.dtype:
         return draft_module.norm.weight.dtype
-
-    @classmethod
-    def idle(cls, draft: DraftConfig, dtype: torch.dtype, topk: int,
-             device: torch.device | str = "cpu") -> EagleDraftInput:
-        long = {"dtype": torch.long, "device": device}
-        return cls(torch.zeros(topk, device=device), torch.zeros(topk, **long),
-                   torch.zeros(cls.hidden_size_for(draft), dtype=dtype, device=device),
-                   torch.zeros(1, **long), 0)
 
 
 class NodeSource(enum.IntEnum):
@@ -123,12 +115,6 @@ class EagleDraftExtendInput:
     @classmethod
     def dtype_for(cls, target_module: torch.nn.Module) -> torch.dtype:
         return target_module.embed_tokens.weight.dtype
-
-    @classmethod
-    def idle(cls, draft: DraftConfig, dtype: torch.dtype,
-             device: torch.device | str = "cpu") -> EagleDraftExtendInput:
-        return cls(torch.zeros(0, dtype=torch.long, device=device),
-                   torch.zeros(0, cls.hidden_size_for(draft), dtype=dtype, device=device), 0)
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@ Acceptance runs on the device without reading anything on the host: every node g
 if its parent is" (greedy: its token is the target's argmax after the parent; sampling: its
 level's coin falls in its slice of the parent's distribution), the accepted path is the deepest
 node whose ancestors all pass, and its result is padded to the tree's depth
-(`EagleVerifyOutput`); the engine reads it back in `accept.read_back`.
+(`EagleVerifyOutput`); the scheduler reads it back with the step's one host read
+(`accept.readback_parts`).
 Not here: cache compaction, the host copy or the draft extend (`accept.py`).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tiny random models for tests: an HF Llama or Qwen3 target saved to disk, our own modules
 built from it, random EAGLE-3 heads in any checkpoint convention, and the acceptance rules read
-back on the host (the engine reads them in `accept.read_back`)."""
+back on the host (the scheduler reads them in its one packed read, `accept.readback_parts`)."""
 from __future__ import annotations
 
 import json

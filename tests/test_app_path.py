@@ -12,7 +12,7 @@ from eagle_engine.config import EngineConfig
 from eagle_engine.cuda_graph import GraphMode
 from eagle_engine.engine import EagleEngine
 from eagle_engine.tools.app_path import check_app_path
-from eagle_engine.tools.selfcheck import TINY_TREE, IdTokenizer, tiny_models
+from eagle_engine.tools.parity import TINY_TREE, IdTokenizer, tiny_models
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

@@ -16,7 +16,7 @@ import eagle_engine.verify as verify_mod
 from eagle_engine.capture_guard import CaptureGuard, CaptureUnsafe
 from eagle_engine.config import Q4_TREE, TreeParams
 from eagle_engine.cuda_graph import GraphMode, GraphPhases, GraphRunner, buckets
-from eagle_engine.tools.selfcheck import EAGLE31, TINY_TREE, tiny_models
+from eagle_engine.tools.parity import EAGLE31, TINY_TREE, tiny_models
 
 DEFAULT_TREES = [TreeParams(), Q4_TREE, TINY_TREE]
 

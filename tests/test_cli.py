@@ -302,7 +302,8 @@ def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatc
     a step cut on every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates,
     with the one-step trees k3 s1 n4 and k2 s1 n3 among the others; dense targets keep
     `TreeParams()`."""
-    from eagle_engine.tools import autotune, config, hardware
+    from eagle_engine import config, hardware
+    from eagle_engine.tools import autotune
 
     assert config.Q4_TREE == TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
     assert autotune.CANDIDATES["q4"][0] == config.Q4_TREE

@@ -188,7 +188,7 @@ def test_the_backend_is_the_engines_choice_not_the_process(cpu) -> None:
     assert step_ops(torch.device("cpu"), cpp=True).cpp is cpu
     assert step_ops(torch.device("cpu"), cpp=False) is TORCH
     from eagle_engine.engine import EagleEngine
-    from eagle_engine.tools.selfcheck import IdTokenizer, tiny_models
+    from eagle_engine.tools.parity import IdTokenizer, tiny_models
 
     target, _ = tiny_models("cpu")
     engine = EagleEngine(target, IdTokenizer(), {}, EngineConfig(dtype="fp32", max_len=64,

@@ -6,7 +6,7 @@ phases' tokens exactly and their floats to rounding, phase by phase and through 
 engine. The graph
 tests proper (captured replay == eager for every shape and padding, no host sync under
 `torch.cuda.set_sync_debug_mode("error")`, graphs on by default) are marked `cuda` and skipped
-without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU.
+without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU (the shared harness: `tools/parity.py`).
 """
 from __future__ import annotations
 
@@ -40,19 +40,19 @@ from eagle_engine.io_struct import (
 from eagle_engine.kernels import reference
 from eagle_engine.kernels.reference import block_mask
 from eagle_engine.models.draft_model import Eagle3Draft
-from eagle_engine.tools.selfcheck import (
+from eagle_engine.tools.parity import (
     EAGLE31,
     TINY_TREE,
     IdTokenizer,
     Seat,
     batch_parity,
-    check_no_sync,
     engine_pair,
     engine_parity,
     graph_backend,
     phase_parity,
     tiny_models,
 )
+from eagle_engine.tools.selfcheck import check_no_sync
 from eagle_engine.verify import run_target
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -350,6 +350,7 @@ def test_auto_dtype_is_fp16_on_a_gpu_without_native_bf16(monkeypatch: pytest.Mon
     from eagle_engine import hardware
     from eagle_engine.config import resolve_dtype
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(hardware, "cuda_capability", lambda device: (7, 5))
     assert resolve_dtype("auto", "cuda") == "fp16" and resolve_dtype("bf16", "cuda") == "bf16"
     monkeypatch.setattr(hardware, "cuda_capability", lambda device: (9, 0))

@@ -3,7 +3,7 @@
 `sync_count.HostSyncs` counts what would make a GPU's host wait (scalar reads, `torch.equal`,
 `.tolist()`, uploads of Python data, data-dependent shapes); it must see each of them, and not
 plain device ops. With it, every iteration of the engine on CPU (greedy, sampled, traced or not)
-makes exactly one host sync, the packed copy of `accept.read_back` (with drafts from the
+makes exactly one host sync, the packed copy of `accept.readback_parts` (with drafts from the
 context too), and a baseline step one (its token). On CUDA the same is checked with
 `torch.cuda.set_sync_debug_mode` (marked `cuda`).
 """
@@ -14,7 +14,7 @@ import torch
 
 from eagle_engine.config import EngineConfig, SamplingParams, TreeParams
 from eagle_engine.engine import EagleEngine
-from eagle_engine.tools.selfcheck import TINY_TREE, IdTokenizer, tiny_models
+from eagle_engine.tools.parity import TINY_TREE, IdTokenizer, tiny_models
 from eagle_engine.tools.sync_count import HostSyncs, per_step, sync_kind
 from tests.helpers import tiny_engine
 
@@ -75,7 +75,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> EagleEngine:
                          ids=["k2s3n6", "chain", "k4s2n9"])
 def test_eagle_iteration_syncs_once(engine: EagleEngine, mode: str, trace: bool,
                                     shape: tuple[int, int, int]) -> None:
-    """Counted per iteration (per event of `stream`): exactly one host sync, read_back's copy."""
+    """Counted per iteration (per event of `stream`): exactly one host sync, the read-back's copy."""
     events = engine.stream(PROMPT, PARAMS[mode], TreeParams(*shape), "head", trace=trace)
     steps = list(per_step(events))
     assert steps[0][0].step == 0 and len(steps) > 3  # the prefill's event, then iterations

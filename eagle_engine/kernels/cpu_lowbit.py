@@ -28,7 +28,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ConfigError
 from ..hardware import LOWBIT_CPU_FLAGS, cache_root, compiler_available, cpu_flags
@@ -183,13 +182,3 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     d = blocks.abs().amax(-1, keepdim=True) / 127  # [M, K/32, 1]
     inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
     return ((blocks * inv).round().double() * d.double()).view(M, K)
-
-
-def q4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    w = q4_dequantize(codes, scales).double()
-    return F.linear(quantize_activations(x), w).float()
-
-
-def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    w = q8_dequantize(codes, scales).double()
-    return F.linear(quantize_activations(x), w).float()

@@ -28,10 +28,22 @@ from typing import Any
 import torch
 
 from .. import hardware
-from ..config import CONTEXT_DRAFTS, TREE_FORMAT, ConfigError, SamplingParams, TreeParams
+from ..config import (
+    CONTEXT_DRAFTS,
+    TREE_FORMAT,
+    ConfigError,
+    SamplingParams,
+    TreeParams,
+)
 from ..kv_cache import causal_mask
 from . import autotune
-from .cli_args import add_engine_args, add_sampling_args, add_tree_args, engine_config, tree_params
+from .cli_args import (
+    add_engine_args,
+    add_sampling_args,
+    add_tree_args,
+    engine_config,
+    tree_params,
+)
 
 
 def command_line() -> str:

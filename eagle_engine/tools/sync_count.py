@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 T = TypeVar("T")
 aten = torch.ops.aten
-PACKAGE = str(Path(__file__).resolve().parent)
+PACKAGE = str(Path(__file__).resolve().parent.parent)  # eagle_engine/
 SCALAR_READS = {aten._local_scalar_dense.default: "scalar read",  # outside inference mode
                 aten.item.default: "scalar read",  # in inference mode (not decomposed there)
                 aten.is_nonzero.default: "scalar read",  # bool() in inference mode
