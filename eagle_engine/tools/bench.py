@@ -52,7 +52,7 @@ def command_line() -> str:
     script, args = Path(sys.argv[0]).resolve(), shlex.join(sys.argv[1:])
     if script.name == "__main__.py":
         return f"python -m {script.parent.name} {args}"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the repository
     name = script.relative_to(root) if script.is_relative_to(root) else script
     return f"PYTHONPATH=. python {name} {args}"
 
