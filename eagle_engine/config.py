@@ -89,10 +89,9 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    """Shapes of a Llama-family target model (Llama, SmolLM, Mistral, Qwen2-style attention
-    bias) or a Qwen3 dense one (`qk_norm`: a per-head RMSNorm over head_dim on q and k before
-    RoPE, with `rms_norm_eps`)."""
+class DecoderShape:
+    """The shape a target and a head share: a Llama-family decoder's vocabulary, widths, heads,
+    norm epsilon, RoPE and whether its q/k/v projections carry a bias."""
 
     vocab_size: int
     hidden_size: int
@@ -104,9 +103,17 @@ class TargetConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
+    attention_bias: bool
+
+
+@dataclass(frozen=True)
+class TargetConfig(DecoderShape):
+    """Shapes of a Llama-family target model (Llama, SmolLM, Mistral, Qwen2-style attention
+    bias) or a Qwen3 dense one (`qk_norm`: a per-head RMSNorm over head_dim on q and k before
+    RoPE, with `rms_norm_eps`)."""
+
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
     eos_token_ids: tuple[int, ...]
     qk_norm: bool = False
 
@@ -188,7 +195,7 @@ def _flatten_speculators(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class DraftConfig:
+class DraftConfig(DecoderShape):
     """Resolved EAGLE-3 head config. `aux_layer_ids` are target layer INPUT indices.
 
     Reads the HF layout (SGLang / SpecForge / EAGLE / AngelSlim: shapes at the top level, aux
@@ -196,16 +203,6 @@ class DraftConfig:
     (`speculators_model_type`, see `_flatten_speculators`). `norm_before_residual`,
     `norm_before_fc` and `norm_output` follow vLLM's `llama_eagle3.py`."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    vocab_size: int
     draft_vocab_size: int
     target_hidden_size: int
     use_aux_hidden_state: bool
@@ -213,7 +210,6 @@ class DraftConfig:
     aux_layer_ids: tuple[int, ...] | None
     fc_norm: bool
     fc_bias: bool
-    attention_bias: bool
     norm_before_residual: bool = False  # layer 0's residual is hidden_norm(h), not h
     norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the concatenated aux states
     norm_output: bool = False  # the recycled hidden is norm(h), not the pre-norm h

@@ -4,6 +4,7 @@ the benchmarks' reports. Not here: any choice made from these facts (`config.py`
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -33,6 +34,7 @@ def cuda_capability(device: str) -> tuple[int, int]:
     return torch.cuda.get_device_capability(torch.device(device))
 
 
+@functools.cache
 def compiler_available() -> bool:
     """A C++ compiler is on the PATH: the q4 CPU kernels are built with it at first use."""
     return shutil.which("c++") is not None or shutil.which("g++") is not None
@@ -43,8 +45,10 @@ CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_v
 LOWBIT_CPU_FLAGS = ("avx2", "fma", "f16c")  # what the q4 / q8 kernels need
 
 
+@functools.cache
 def cpu_flags() -> tuple[str, ...]:
-    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86)."""
+    """The vector flags of this CPU that `-march=native` can use (empty off Linux/x86); read
+    once a process."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -54,8 +58,9 @@ def cpu_flags() -> tuple[str, ...]:
     return tuple(f for f in CPU_FLAGS if f in present)
 
 
+@functools.cache
 def cpu_model() -> str:
-    """The CPU's model name (`platform.machine()` off Linux)."""
+    """The CPU's model name (`platform.machine()` off Linux); read once a process."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
