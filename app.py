@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     demo = build_demo(engines, worker, costs=costs, max_batch=engines[0].config.max_batch)
     demo.queue(max_size=16, default_concurrency_limit=1)
     # The loaded engines and UI are ~0.5M tracked objects that live as long as the process: a
-    # full collection over one engine's stalled a stream ~0.2 s once in ~40 answers.
+    # full collection walks them all and stalls a streaming answer for ~0.2 s.
     gc.freeze()
     log.info("%d objects of the loaded engines and UI left out of garbage collection",
              gc.get_freeze_count())

@@ -30,7 +30,7 @@ from .verify import TreeLogits, verify_forward
 
 
 class Seat(Protocol):
-    """What a phase backend reads of a request (`run.Seat` is one)."""
+    """What a phase backend reads of a request (`run.Run` is one)."""
 
     head: str | None
     tree: TreeParams

@@ -468,13 +468,11 @@ class TreeParams:
 # the budget (`CHAIN_SURE`) and a step cut of 0.5. A q4 tree row
 # costs a fifth to a third of a one-token step on a 2-core CPU and the head's second step about
 # an eighth, so that step runs only where the head is sure of its first draft (about half the
-# iterations); the cut leaves out nearly hopeless drafts. Full MT-bench, AVX-512 EPYC: with
-# the EAGLE-3.1 head tau 2.811, level with k3 s1 n4 or up to 1.6% faster in five runs
-# (40a1f3b, 2026-11-28); with today's default head tau 2.687 and 1.324x plain decoding
-# (a4a09f5, 2026-11-29).
-# Not measured on the AVX2 EPYC, where the head's step costs more of a token: the
-# app and `python -m eagle_engine tune` measure k3 s1 n4 among the candidates on each machine
-# and keep this default unless another is faster beyond the noise (`autotune.py`).
+# iterations); the cut leaves out nearly hopeless drafts. On an AVX-512 EPYC it is level with
+# k3 s1 n4 or a little faster on the full MT-bench (docs/history.md). Where the head's step
+# costs more of a token (an AVX2 EPYC) the app and `python -m eagle_engine tune` measure k3 s1
+# n4 among the candidates on each machine and keep this default unless another is faster
+# beyond the noise (`tools/autotune.py`).
 Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
 
 

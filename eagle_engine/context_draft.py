@@ -21,10 +21,10 @@ from .io_struct import ContextDraft
 
 MAX_MATCH = 8  # longest suffix looked up; longer matches count as this long
 # hit rate of a proposal by match length 1..MAX_MATCH before any count. Set below the marginal
-# rates measured on MT-bench first turns (~0.27, 0.58, 0.72, 0.67, 0.85+ for lengths 1, 2, 3, 4,
-# 5+; `benchmarks/context_drafts.py` prints them): where the chain competes with the head it
-# disagrees with the head, and is right less often then. On the first 4 MT-bench questions
-# these values gave a higher tau than the marginal rates
+# rates on MT-bench first turns (~0.27, 0.58, 0.72, 0.67, 0.85+ for lengths 1, 2, 3, 4, 5+;
+# `ContextIndex.hit_rates` counts them): where the chain competes with the head it disagrees
+# with the head, and is right less often then. These values give a higher tau than the
+# marginal rates
 PRIOR_HIT_RATE = (0.2, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75)
 PRIOR_WEIGHT = 8.0  # pseudo-counts of the prior per match length
 

@@ -54,7 +54,7 @@ class RunStats:
 
     def to_dict(self) -> dict:
         """The fields (the list and dict copied) and the derived figures. Built field by field:
-        every event carries one, and `asdict`'s recursive deep copy took 13 us (this: 2 us)."""
+        every event carries one, and `asdict`'s recursive deep copy takes 13 us (this: 2 us)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(accepted_per_depth=list(self.accepted_per_depth), phase_s=dict(self.phase_s),
                  tau=self.tau, tokens_per_s=self.tokens_per_s,

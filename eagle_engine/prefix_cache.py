@@ -18,7 +18,7 @@ own caches; the engine then prefills the rest from that row. Which rows are reus
 With q4 weights a row's numbers do not depend on the other rows of a forward
 (`kernels/cpu_lowbit.cpp`), so the caches and the answer equal those of a full prefill bit for
 bit; dense weights may differ in float rounding (prefill and short forwards take different
-attention kernels, `models/layers.attend`). Memory is bounded by `max_bytes` in resident
+attention kernels, `kernels/attention.attend`). Memory is bounded by `max_bytes` in resident
 memory, not only in the entries' count: rows live in one pool of blocks (`BlockPool`),
 allocated once at the first store and never grown, into which entries are copied; an evicted
 entry's blocks go back to the pool's free list and nothing is freed, so churn leaves no freed

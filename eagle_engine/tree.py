@@ -22,10 +22,9 @@ def uploaded(values: list[int] | list[float], dtype: torch.dtype, device: torch.
              ) -> torch.Tensor:
     """[len(values)] on `device` without the host waiting for it (`sync_count`). On CUDA a
     pinned buffer is copied asynchronously: an upload from pageable memory, or a scalar written
-    into the tensor, waits for the device there (each of the chain's values was a sync in
-    tests/test_syncs.py on an H200). Elsewhere the values are
-    written into the tensor one by one, which `sync_count` sees as what it is on CPU: no
-    upload."""
+    into the tensor, waits for the device there (one sync per value of the chain). Elsewhere
+    the values are written into the tensor one by one, which `sync_count` sees as what it is
+    on CPU: no upload."""
     if device.type == "cuda":
         return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
     out = torch.empty(len(values), dtype=dtype, device=device)

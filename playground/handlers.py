@@ -32,7 +32,7 @@ from .speed_estimate import Estimate, VerifyCost, estimate, measured_speedup
 
 log = logging.getLogger("app")
 # A frame costs Gradio tens of ms, more than an engine step, and a
-# browser on the same cores far more: at 0.1 s such a browser slowed the engine about twice as
+# browser on the same cores far more: at 0.1 s such a browser slows the engine about twice as
 # much as at 0.25 s. Events within this interval share a frame.
 FRAME_INTERVAL_S = 0.25
 # How long Stop waits for the answer to end by itself (it ends after the engine step in flight,
@@ -46,7 +46,7 @@ NOTHING_STREAMING = ("Nothing of yours is streaming now. A message still waiting
                      "when its turn comes, and Stop ends it then.")
 # The panels under the chat (speed tiles, step plot, tree, timing) cost the browser a redraw for
 # every frame that carries them, and a browser on the engine's cores takes that time from the
-# engine: with them in the last frame only, the engine ran ~7% faster. While an answer streams
+# engine: with them in the last frame only, the engine runs ~7% faster. While an answer streams
 # they move at most once per this interval, the first time one interval after the answer starts
 # (the tokens in the chat stream every frame); the last frame draws them.
 PANEL_INTERVAL_S = 1.0

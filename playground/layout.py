@@ -25,15 +25,15 @@ CSS = ROOT / "assets" / "style.css"
 RACE_JS = ROOT / "assets" / "race.js"  # the compare panel's replay of the race
 MAX_NEW_TOKENS = 512
 # Gradio's progress display on the status line while an answer streams. "full" animates an
-# overlay there: with a browser on the same cores, the browser used ~12% more CPU and the engine
-# ran ~7% slower than with "minimal" (the elapsed time alone). The
+# overlay there: with a browser on the same cores, the browser uses ~12% more CPU and the engine
+# runs ~7% slower than with "minimal" (the elapsed time alone). The
 # status line itself says what the engine is doing.
 PROGRESS = "minimal"
 # Pages at most this wide (phones) open with the sidebar closed: open, it covers the chat.
 NARROW_PX = 768
 # Copying an answer copies its text. An answer is token spans (`ui_render`), and Gradio's
-# "Copy message" / "Copy conversation" buttons copied that HTML, rejected drafts included;
-# selecting the answer and pressing Ctrl+C copied the struck-through drafts too. Gradio has no
+# "Copy message" / "Copy conversation" buttons copy that HTML, rejected drafts included;
+# selecting the answer and pressing Ctrl+C copies the struck-through drafts too. Gradio has no
 # hook for what it copies, so the page cleans the text on its way to the clipboard: the
 # Clipboard API's writeText, Gradio's fallback (a hidden textarea; pages served over plain
 # HTTP to another machine have no Clipboard API) and a selection within the chat or the
@@ -151,7 +151,7 @@ def _main_panel() -> dict[str, Any]:
     o["status"] = gr.Markdown("Ready.", label="Status line", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
     with gr.Row():  # side by side where both fit their min_width, else one above the other
-        # no fixed height: Gradio's block then cut off the x axis's labels and title
+        # no fixed height: with one, Gradio's block cuts off the x axis's labels and title
         o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted",
                                **ui.steps_axes([]), label="Accepted draft tokens per step",
                                elem_id="step-plot",
@@ -198,7 +198,7 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                         concurrency_limit=None).then(
             None, None, None, cancels=runs, queue=False, api_visibility="private")
         # Clear stops a streaming answer the same way first: cancelled, its late frames
-        # could draw over the cleared page (and left the same "Error" badge)
+        # could draw over the cleared page (and leave the same "Error" badge)
         o["clear"].click(pg.end, None, None, queue=False, api_visibility="private").then(
             pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)

@@ -18,7 +18,7 @@ class EngineThread:
     libgomp gives each thread that starts parallel work its own OpenMP pool, and once there are
     more OpenMP threads than cores their workers stop spinning between parallel regions, so
     every oneDNN linear and attention call waits for sleeping workers: stepped from Gradio's
-    worker threads after a load in the main thread, the engine decoded 1.6-1.75x slower on a
+    worker threads after a load in the main thread, the engine decodes 1.6-1.75x slower on a
     2-core CPU. One thread also runs one step
     at a time, so the step a cancelled run had in flight finishes before the next run's
     prefill starts."""
@@ -37,10 +37,10 @@ class EngineThread:
 class StopFlags:
     """The Stop button, the cooperative way: a session's streaming answer holds a flag that it
     reads after every engine step, and ends with a last frame once the flag is set. Gradio's
-    `cancels` alone ends a run between two frames, and 15 of 40 stops then left a red
-    "Error" badge on the status line (Gradio 6.31); it now only
-    ends an answer that did not end within STOP_WAIT_S. It cannot take back an answer still
-    waiting in Gradio's queue, which has no flag yet: Gradio cancels running events only.
+    `cancels` alone ends a run between two frames, which can leave a red "Error" badge on
+    the status line, so `cancels` only ends an answer that has not ended within STOP_WAIT_S.
+    Stop cannot take back an answer still waiting in Gradio's queue, which has no flag yet:
+    Gradio cancels running events only.
     A session streams one answer at a time: two would write the same chat, and
     the last to end would drop the other's turn."""
 

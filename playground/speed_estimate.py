@@ -2,8 +2,8 @@
 (the target alone) would have taken for the same tokens, under the load this answer ran under.
 
 Load (a browser drawing the page on the same cores, other programs) slows every target forward,
-so a plain speed measured at start-up, on a quiet machine, made the estimate read low under
-load. The estimate takes ratios instead, which load scales alike: at start-up (`measure`) a
+so a plain speed measured at start-up, on a quiet machine, would make the estimate read low
+under load. The estimate takes ratios instead, which load scales alike: at start-up (`measure`) a
 verify forward over a tree of N rows costs `VerifyCost.ratio(N, context)` plain-decoding steps
 (a table over N at a short and at a long context). An answer's own verify forwards, each
 divided by its ratio, give the plain step under the answer's load, at the answer's context

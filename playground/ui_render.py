@@ -232,7 +232,7 @@ def steps_frame(accepted_per_step: Sequence[int]) -> pd.DataFrame:
 
 def steps_axes(accepted_per_step: Sequence[int]) -> dict[str, list[float]]:
     """The step plot's axis limits: at least STEPS_SHOWN steps and ACCEPTED_SHOWN accepted
-    tokens, so a short answer's ticks fall on whole numbers (fitted to 3 steps, the chart put
+    tokens, so a short answer's ticks fall on whole numbers (fitted to 3 steps, the chart puts
     them at 0.8, 1.0, 1.2, ...)."""
     return {"x_lim": [0, max(len(accepted_per_step), STEPS_SHOWN) + 1],
             "y_lim": [0, max(max(accepted_per_step, default=0), ACCEPTED_SHOWN)]}

@@ -147,8 +147,8 @@ LOWBIT_INLINE __m256i broadcast4(const int8_t* p) {  // 4 activation bytes to al
 // GCC reassociates a chain of integer adds: it hoists every `maddubs` of a tile ahead of the
 // adds, and on AVX2's 16 vector registers the products of 4 rows spill to the stack. An empty
 // asm statement keeps each running sum at its place in the chain. Built without it
-// (-DLOWBIT_IN_ORDER=0), on the AVX2 EPYC, a decoder layer's q4 products at 4 rows took 13%
-// longer, the lm_head's q8 product 31%, and EAGLE-3 decoded 14% slower.
+// (-DLOWBIT_IN_ORDER=0), on an AVX2 EPYC a decoder layer's q4 products at 4 rows take 13%
+// longer, the lm_head's q8 product 31%, and EAGLE-3 decodes 14% slower.
 #ifndef LOWBIT_IN_ORDER
 #define LOWBIT_IN_ORDER 1
 #endif
@@ -183,8 +183,8 @@ LOWBIT_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 
 // dot4 against 4 activation bytes at p, broadcast to every lane. With VNNI the broadcast is
 // the instruction's own memory operand (EVEX embedded broadcast, {1to8}): one instruction a
-// row instead of a broadcast and a product. On the AVX-512 EPYC the 8- and 16-row products
-// of a decoder layer and the lm_head ran 8-11% faster (in cache,
+// row instead of a broadcast and a product. On an AVX-512 EPYC the 8- and 16-row products
+// of a decoder layer and the lm_head run 8-11% faster (in cache,
 // `benchmarks/lowbit_kernels.py`); -DLOWBIT_EMBEDDED_BROADCAST=0 builds without.
 #ifndef LOWBIT_EMBEDDED_BROADCAST
 #define LOWBIT_EMBEDDED_BROADCAST 1
@@ -205,8 +205,8 @@ LOWBIT_INLINE __m256i dot4_at(__m256i acc, __m256i u, const int8_t* p) {
 // every layer once), and the hardware's prefetchers stop at each 4 KB page: without a hint
 // the multiplies wait on memory and the rows of a tree verify add their compute to the wait.
 // Each block asks for the codes kPrefetch bytes ahead and the scales as far ahead in blocks
-// (a hint: addresses past the tensor's end do not fault). 4 KB measured best on the AMX Xeon
-// (2 KB slower, 8-16 KB the same). Building with
+// (a hint: addresses past the tensor's end do not fault). 4 KB is the best distance on an AMX
+// Xeon (2 KB is slower, 8-16 KB the same). Building with
 // -DLOWBIT_PREFETCH_BYTES=0 turns the hints off (`benchmarks/lowbit_kernels.py --streamed
 // --compare-flags=-DLOWBIT_PREFETCH_BYTES=0` times both builds).
 #ifndef LOWBIT_PREFETCH_BYTES
@@ -317,12 +317,12 @@ LOWBIT_INLINE void tile(const Packed<kQ4>& w, const Acts& x, int64_t g, int64_t 
 // instead of 8, and each instruction of the tile covers twice the columns, so a row costs half
 // the loads and half the instructions. Every lane does the 256-bit tile's operations in the
 // same order (the packed layout is the same: a vector joins the two groups' vectors), so the
-// results have the same bits. For q4 weights (the decoder layers) of 8 rows or more: paired,
-// a product that waits on memory reads two streams, the two groups' blocks, and ran slower
-// (`lowbit_kernels.py --streamed` on the AVX-512 EPYC: the lm_head's q8 product at 1-8 rows;
-// 30 decoder layers and the lm_head at one row 6.26 against 5.84 ms, at 4 rows 6.43 against
-// 5.96), while at 8 / 16 rows they took 8.17 / 12.6 ms against 8.65 / 14.7. -DLOWBIT_ZMM=0
-// builds without.
+// results have the same bits. For q4 weights (the decoder layers) of 8 rows or more only:
+// paired, a product that waits on memory reads two streams, the two groups' blocks, which
+// costs more than it saves at fewer rows and for the lm_head's q8 product at 1-8 rows. On an
+// AVX-512 EPYC, streamed from memory (`lowbit_kernels.py --streamed`), 30 paired decoder
+// layers and the lm_head take 7-8% longer at 1 and 4 rows and 5% / 14% less at 8 / 16 rows.
+// -DLOWBIT_ZMM=0 builds without.
 #ifndef LOWBIT_ZMM
 #define LOWBIT_ZMM 1
 #endif
@@ -464,7 +464,7 @@ LOWBIT_INLINE void rows_left(const Packed<kQ4>& w, const Acts& x, float* y, int6
 // passes over them: tiles of 8 rows where the CPU has 32 vector registers (AVX-512VL; 8-row
 // products 4-11% faster; -DLOWBIT_TILE8=0 builds without), then of 4. A last 1 or 2 rows join
 // the 4 before them in one tile of 5 or 6, which unpacks the weights' nibbles once for all of
-// them (5 and 6 rows' products ~8% faster at the median on the AVX2 EPYC; -DLOWBIT_TILE6=0
+// them (5 and 6 rows' products ~8% faster at the median on an AVX2 EPYC; -DLOWBIT_TILE6=0
 // builds without).
 #ifndef LOWBIT_TILE6
 #define LOWBIT_TILE6 1
@@ -1086,7 +1086,7 @@ static int64_t token_rows(const at::Tensor& tokens) {
 }
 
 // An EAGLE-3 head's layers and lm_head over T rows, the common part of `head_extend` and
-// `head_draft`: h [T, H] (after `fc`, or the recycled hidden), the rows' tokens [T], their RoPE
+// `head_level`: h [T, H] (after `fc`, or the recycled hidden), the rows' tokens [T], their RoPE
 // rows cos / sin [T, head_dim], cache rows [start, start + T), visible [T, start + T] bool
 // (empty: every row). The lm_head runs on the last row (every_row false) or on each row (R = 1
 // or T). Returns [top-k probabilities [R, k] float32, their target ids [R, k] int64, the
@@ -1110,12 +1110,12 @@ static std::vector<at::Tensor> head_rows(at::Tensor h, at::Tensor tokens, at::Te
 }
 
 // An EAGLE-3 head's draft extend in one call, for a head whose linears are q8 codes
-// (`accept.extend` on a CPU; `accept.extend_steps`, its Python steps over the same kernels, is
-// the reference, and the result has the same bits): the target features through `fc` (no `fc`
+// (`accept.extend` on a CPU; `accept.extend_forward`, its Python steps over the same kernels,
+// is the reference, and the result has the same bits): the target features through `fc` (no `fc`
 // codes: a head without aux states, whose features are its hidden already), the tokens'
 // embeddings, `fused_decoder` over rows [start, start + T) of the head's cache under the causal
 // mask, the lm_head on the last row, then the top-k of its softmax, mapped to target ids.
-// Called from Python as ~25 small steps, this cost ~0.7 ms an iteration on top of the products
+// Called from Python as ~25 small steps, this costs ~0.7 ms an iteration on top of the products
 // on a 2-core AVX2 CPU. tokens [T] int64; features [T, W] float32; fc_norms: none, or one
 // RMSNorm weight [W / A] float32 for each of the A chunks of the features, applied before `fc`
 // as `Eagle3Draft.project` applies them (EAGLE-3.1's `fc_norm`); embedding [V, H] float32;
@@ -1184,19 +1184,19 @@ static std::vector<at::Tensor> head_level(at::Tensor tokens, at::Tensor hidden,
 }
 
 // An EAGLE-3 head's whole draft in one call (`draft.draft` on a CPU, for the heads `head_extend`
-// serves except that `fc` plays no part; `draft.draft`'s Python loop over `decode_children` and
-// `expand` is the reference, with the same bits): the extend's top-k (level 1: probabilities
-// topk_p [K] float32, target ids topk_ids [K] int64, the recycled hidden [H]), then `steps - 1`
-// levels, each a decode step over the K best paths so far (`head_level`, at position seq +
-// level, cache rows seq + level * K onwards, each node seeing the committed rows, its ancestors
-// and itself) and the expansion to their K * K children, whose K best paths are the next level's
-// frontier. The levels stop once the frontier's best path scores below step_cut (0: never;
-// `draft.goes_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch
-// steps from Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration;
-// here the top-k of the paths is still `at::topk`, so ties fall as
-// they do in Python. Returns [scores [C] float32 (cumulative path probabilities), tokens [C]
-// int64 (target ids), parents [C] int64 (candidate index, -1 below the root)], C = K + (L - 1) *
-// K * K for the L levels that ran (L = steps without a step cut).
+// serves except that `fc` plays no part; `draft.draft_levels`, a Python loop of draft forwards,
+// `top_children` and `expand`, is the reference, with the same bits): the extend's top-k (level 1:
+// probabilities topk_p [K] float32, target ids topk_ids [K] int64, the recycled hidden [H]), then
+// `steps - 1` levels, each a decode step over the K best paths so far (`head_level`, at position
+// seq + level, cache rows seq + level * K onwards, each node seeing the committed rows, its
+// ancestors and itself) and the expansion to their K * K children, whose K best paths are the next
+// level's frontier. The levels stop once the frontier's best path scores below step_cut (0: never;
+// `draft.going_on`). Candidate layout as `draft.Frontier`'s. The expansion's ~25 small torch steps
+// from Python cost ~0.2 ms a level on a 2-core AVX-512 CPU, ~4% of a k2 s2 n5 iteration; here too
+// the top-k of the paths is `at::topk`, so ties fall as they do in Python. Returns [scores [C]
+// float32 (cumulative path probabilities), tokens [C] int64 (target ids), parents [C] int64
+// (candidate index, -1 below the root)], C = K + (L - 1) * K * K for the L levels that ran (L =
+// steps without a step cut).
 std::vector<at::Tensor> head_draft_tree(at::Tensor topk_p, at::Tensor topk_ids, at::Tensor hidden,
                                         int64_t seq, int64_t steps, at::Tensor embedding,
                                         at::Tensor cos, at::Tensor sin, at::Tensor kv,

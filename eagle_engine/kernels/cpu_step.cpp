@@ -3,8 +3,8 @@
 // parents, the KV commit, and sampling's distribution and draw.
 //
 // On a CPU an EAGLE-3 iteration of the bundled target costs ~5 ms, and each small ATen op
-// ~5-30 us with the weights' stream evicting its code and data from the caches: acceptance,
-// the tree and the commit took ~0.35 ms an iteration as ~40 ops.
+// ~5-30 us with the weights' stream evicting its code and data from the caches: as ~40 such
+// ops, acceptance, the tree and the commit cost ~0.35 ms an iteration.
 // Each function here returns exactly what its torch reference returns (`reference.py`,
 // `verify.greedy_acceptance`; tests/test_cpu_step.py), and the engine uses them once the q4
 // weights have loaded this module (`kernels/__init__.py`). Built with `cpu_lowbit.cpp` into one

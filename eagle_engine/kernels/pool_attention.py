@@ -5,8 +5,8 @@ Request b's queries (q [B, H, T, d]) attend over pool row `slots[b]` of the cach
 those its `block` [B, T, W] shows each query. One program per (request, KV head, block of
 that head's grouped queries) reads only the rows [0, seq_len + W) of its request's pool row,
 a bound it reads on the device (so a CUDA graph replays it at any length), with an online
-softmax in fp32; no row is copied. Must match `pool_attention_reference` (the gather of whole
-rows under the mask `kv_cache.block_mask`) to rounding (tests/test_kernels.py, through the
+softmax in fp32; no row is copied. Must match `reference.pool_attention` (the gather of whole
+rows under the mask `reference.block_mask`) to rounding (tests/test_kernels.py, through the
 Triton interpreter on a CPU). Not here: writing the new rows (`layers.Attention`), or which
 backend runs (`CacheSlots.kernel`).
 """

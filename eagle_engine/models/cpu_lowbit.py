@@ -137,7 +137,7 @@ def quantize_head(model: nn.Module) -> int:
 
 class FusedDecoder:
     """A model's decoder layers as one C++ call (`fused_decoder` in `kernels/cpu_lowbit.cpp`):
-    a one-sequence step no longer dispatches ~25 small ops per layer from Python. For a target
+    a one-sequence step dispatches one call from Python, not ~25 small ops per layer. For a target
     with q4 layers, or an EAGLE-3 head with q8 layers (its first layer reads cat(norm(embeds),
     norm(hidden))). It holds references to the layers' tensors; `TargetModel.forward` and
     `Eagle3Draft.forward` call it when it `applies` and run their Python layers (the
@@ -209,7 +209,7 @@ class FusedDecoder:
         """A head's draft extend as one C++ call (heads that `extends`): tokens [T] and their
         target features [T, W] at rows [start, start + T) of the head's one-row cache (`kv` =
         `KVCache.data`) -> (top-k probabilities [k], their target ids [k], the last row's
-        recycled hidden [H]). `accept.extend_rows` is the reference, with the same bits."""
+        recycled hidden [H]). `accept.extend_forward` is the reference, with the same bits."""
         aux = model.cfg.use_aux_hidden_state
         none = torch.empty(0)
         fc_norms = [n.weight for n in model.fc_norm] if aux and model.cfg.fc_norm else []
@@ -228,7 +228,7 @@ class FusedDecoder:
         hidden [H] each level-1 node carries; then `steps - 1` decode steps over the K best
         paths, at positions seq, seq + 1, ..., written to the head's one-row cache (`kv` =
         `KVCache.data`) from row seq on, and each level's expansion, stopping before a step
-        once the best path so far scores below `step_cut` (`draft.goes_on`) -> (scores [C],
+        once the best path so far scores below `step_cut` (`draft.going_on`) -> (scores [C],
         tokens [C], parents [C]) of `draft.Frontier`'s candidate layout. `draft.draft`'s Python
         definition (`draft.draft_levels`) is the reference, with the same bits."""
         return tuple(cpu_lowbit.load().head_draft_tree(

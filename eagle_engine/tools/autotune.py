@@ -63,9 +63,9 @@ NEW_TOKENS = 48  # tokens decoded per timed request
 ROUNDS = 1
 NOISE_Z = 3.0  # a tree replaces the static default when its mean gain exceeds this many
 # standard errors of the paired samples. Five candidates face the default, each on 12 samples
-# whose standard error is itself estimated: at 2.0 a tie passed ~15% of the time, and 2 of 7
-# runs on one CPU chose a tree the full MT-bench put 2.5% behind;
-# at 3.0 a tie passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
+# whose standard error is itself estimated: at 2.0 a tie passes ~15% of the time, often enough
+# to replace the default with a tree the full MT-bench puts a few percent behind; at 3.0 a tie
+# passes ~3% of the time, and with a standard error of 2-5% a gain of ~6-15%.
 
 
 CANDIDATES = {  # per weights label; the static defaults first

@@ -167,8 +167,8 @@ class Run:
 def run_modes(rows: list[dict], runs: list[Run], params: SamplingParams,
               first_turn_only: bool) -> dict[str, ModeTotals]:
     """Every run on every turn, the order rotated by one run per prompt row, so that each run
-    takes each place in turn (two heads on the same tree swapped a 3-4% difference when their
-    order was swapped). The first run's answers build the
+    takes each place in turn (the order alone can turn a 3-4% difference between two heads on
+    the same tree around). The first run's answers build the
     conversations; an EAGLE-3 answer is compared with the baseline answer of its own engine."""
     totals = {r.label: ModeTotals() for r in runs}
     for i, row in enumerate(rows):

@@ -4,8 +4,8 @@ The README preloads jemalloc with freed pages kept (`dirty_decay_ms:-1`): PyTorc
 allocator caches nothing, and without that setting every large tensor of a step is a fresh
 mapping that the kernel zeroes page by page (steps about 2x slower).
 Kept pages are never returned on their own, so a run's resident memory grows as tensors of new
-sizes come (24.4 GB and the OOM killer after 55 minutes on a 24 GB
-machine). `purge_freed_pages` returns them; without jemalloc it does nothing. Not here: when
+sizes come, until a machine's memory runs out and the OOM killer ends the run.
+`purge_freed_pages` returns them; without jemalloc it does nothing. Not here: when
 the training loop calls it (`trainer.py`).
 """
 from __future__ import annotations

@@ -312,7 +312,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     directory = resolve_target(args.target)
-    # bf16 where native, else float32 (AVX2: a bf16 forward cost 2.4x float32's)
+    # bf16 where native, else float32 (AVX2: a bf16 forward costs 2.4x float32's)
     target = load_target(directory, train_dtype(torch.device(args.device)), args.device, 2048)
     tokenizer = load_tokenizer(directory)
     responses = work / "responses.jsonl"

@@ -35,8 +35,8 @@ from .allocator import purge_freed_pages
 from .features import Sample
 
 
-# steps between returns of jemalloc's kept pages (`allocator.py`): a resumed CPU run grew ~0.3
-# GB a step from ~15 GB without them
+# steps between returns of jemalloc's kept pages (`allocator.py`): without them a CPU run's
+# resident memory grows ~0.3 GB a step
 PURGE_EVERY = 10
 # the attention kernels `ttt_attention` may use: every one but cuDNN's (its docstring says why)
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -140,10 +140,10 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     """q [B, H, T, d]; keys/values: per TTT step [B, KVH, T, d]. Step-0 keys are attended
     causally, later steps only at the query's own position (its own draft chain). Runs SDPA per
     block of `block` queries over [step-0 keys up to the block's end | the block's own keys of
-    each later step], so no [T, T] score matrix is built (it took gigabytes of memory per step
-    on long conversations). Never cuDNN's attention: it builds a plan for every new shape, and
-    the blocks' shapes change with each block and batch (on an H200 that was ~1.7 s of host time
-    a training step, against ~0.1 s of GPU time)."""
+    each later step], so no [T, T] score matrix is built (one takes gigabytes of memory per
+    step on long conversations). Never cuDNN's attention: it builds a plan for every new shape,
+    and the blocks' shapes change with each block and batch, so planning would cost a training
+    step many times its GPU time in host time."""
     T = q.shape[2]
     out = []
     with sdpa_kernel(SDPA_BACKENDS):
@@ -272,8 +272,8 @@ def step_accuracy(model: Eagle3Draft, batches: Iterable[Batch], target_head: tor
 
 def train_dtype(device: torch.device) -> torch.dtype:
     """The engine's 'auto' dtype (`config.resolve_dtype`): bf16 where its products are native
-    (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on an AVX2-only CPU one bf16-autocast
-    step of 2048 tokens ran over 10 minutes, float32 27 s."""
+    (CUDA; CPUs with AVX512-BF16 or AMX), else float32: on an AVX2-only CPU a bf16-autocast
+    step of 2048 tokens takes over 10 minutes, a float32 one ~27 s."""
     return parse_dtype(resolve_dtype("auto", str(device)))
 
 
