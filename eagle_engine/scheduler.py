@@ -204,11 +204,10 @@ class Scheduler:
         return handle
 
     def step_on(self, executor: Executor) -> None:
-        """From now on, steps start on `executor` (the app's engine thread) as requests come;
-        call it before any request is queued."""
+        """From now on, steps start on `executor` (the app's engine thread) as requests come.
+        Requests a caller is stepping itself at the time (`EagleEngine.stream`) go on as they
+        were: steps never overlap, whichever thread takes them."""
         with self._lock:
-            if self._waiting or self._active:
-                raise RuntimeError("step_on with requests queued or running")
             self.executor = executor
 
     @property
