@@ -81,3 +81,64 @@ def test_the_guard_lets_static_ops_pass() -> None:
         t.repeat_interleave(2, dim=-1)
         torch.where(t > 2, t, 0.0).topk(2)
         t[:, torch.tensor([0, 2])]
+
+
+def graphs_backend(monkeypatch: pytest.MonkeyPatch, max_batch: int = 4) -> GraphPhases:
+    """A GRAPHS backend on the CPU whose CUDA calls are stubbed: capture runs each phase once
+    under the guard, then `GraphRunner.capture` (made to fail by the tests that need it)."""
+    import torch.cuda
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
+    target, head = tiny_models("cpu")
+    return GraphPhases(target, {"head": head}, target.max_len - 32, max_batch, GraphMode.GRAPHS)
+
+
+def test_a_failed_capture_stops_warm_up_naming_the_phase_and_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle_engine.cuda_graph import GraphCaptureError
+
+    backend = graphs_backend(monkeypatch)
+
+    def fails(self, mempool, stream):  # noqa: ANN001, ANN202
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(GraphRunner, "capture", fails)
+    with pytest.raises(GraphCaptureError, match=r"decode phase .* bucket 1.*not permitted.*"
+                                                r"--no-cuda-graphs"):
+        backend.warm_up({"head": TINY_TREE})
+
+
+def test_a_host_read_in_a_phase_stops_capture_naming_the_op(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle_engine.cuda_graph import GraphCaptureError
+
+    backend = graphs_backend(monkeypatch)
+    monkeypatch.setattr(GraphRunner, "capture", lambda self, mempool, stream: None)
+    real = draft_mod.top_children
+
+    def with_item(logits, K, target_ids):  # noqa: ANN001, ANN202
+        logits.max().item()
+        return real(logits, K, target_ids)
+    monkeypatch.setattr(draft_mod, "top_children", with_item)
+    with pytest.raises(GraphCaptureError, match=r"draft phase .*aten\.item.*host"):
+        backend.warm_up({"head": TINY_TREE})
+
+
+def test_runners_are_bounded_and_warm_ups_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `MAX_GRAPHS` the least recently used runner that no warm-up made is released."""
+    import eagle_engine.cuda_graph as cuda_graph
+
+    target, head = tiny_models("cpu")
+    backend = GraphPhases(target, {"head": head}, target.max_len - 32, 2, GraphMode.STATIC)
+    pinned = backend.warm_up({"head": TINY_TREE})
+    monkeypatch.setattr(cuda_graph, "MAX_GRAPHS", len(pinned) + 3)
+    made = []
+    for n in range(4, 12):  # a slider's trees: a verify runner each
+        key, make = backend._verify_runner((2, 4, 5), TreeParams(4, 3, n), 1)
+        made.append(key)
+        backend._runner(key, make)
+    assert len(backend.runners) == len(pinned) + 3
+    assert all(r in backend.runners.values() for r in pinned)
+    assert set(made[-3:]) <= set(backend.runners) and made[0] not in backend.runners
