@@ -103,7 +103,7 @@ def test_another_target_without_heads_answers_alone(
     bundled heads stay out, the page offers the target alone with the draft settings off, and
     an example sent from it is answered. Without a head "Draft layers" once lost its choices
     and Gradio refused every Send with an "Error" toast."""
-    from app import EXAMPLES
+    from playground.layout import EXAMPLES
     from eagle_engine.models.loader import resolve_target
     from tests.app_fixtures import open_page, running_app
 

@@ -435,7 +435,7 @@ def test_eos_inside_accepted_run(engine: EagleEngine, baseline: list[list[int]],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     ref = baseline[0]
     j = next(i for i in range(7, NEW) if ref[i] not in ref[:i] and (i - 1) % 5 not in (0, 4))
-    monkeypatch.setattr(engine, "eos_ids", (ref[j],))
+    monkeypatch.setattr(engine.parts, "eos_ids", (ref[j],))
     assert engine.generate(PROMPTS[0], GREEDY).token_ids == ref[:j]
     result = run_with_oracle(engine, monkeypatch, GREEDY)
     assert result.token_ids == ref[:j] and result.finished == "eos"
@@ -468,7 +468,7 @@ def test_text_held_for_a_stop_string_is_released_at_eos(
     back while a stop is possible and must still reach the output when EOS ends the run."""
     ref, decode = baseline[0], ByteTokenizer().decode
     j = next(i for i in range(7, NEW) if ref[i] not in ref[:i])
-    monkeypatch.setattr(engine, "eos_ids", (ref[j],))
+    monkeypatch.setattr(engine.parts, "eos_ids", (ref[j],))
     params = SamplingParams(max_new_tokens=NEW, stop=(decode(ref[j - 1:j]) + "\x7f",))
     for result in (engine.generate(PROMPTS[0], params),
                    run_with_oracle(engine, monkeypatch, params)):
@@ -479,6 +479,7 @@ def test_text_held_for_a_stop_string_is_released_at_eos(
 def test_context_limit_mid_generation(engine: EagleEngine,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "config", replace(engine.config, max_len=40))
+    monkeypatch.setattr(engine.parts, "max_len", 40)
     params = SamplingParams(max_new_tokens=200)
     base = engine.generate(PROMPTS[1], params)
     assert base.finished == "context" and len(base.token_ids) == 40 - len(PROMPTS[1]) + 1

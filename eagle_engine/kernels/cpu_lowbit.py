@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ConfigError
 from ..hardware import LOWBIT_CPU_FLAGS, cache_root, compiler_available, cpu_flags
@@ -182,3 +183,16 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     d = blocks.abs().amax(-1, keepdim=True) / 127  # [M, K/32, 1]
     inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
     return ((blocks * inv).round().double() * d.double()).view(M, K)
+
+
+def q4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The q4 kernel's definition (tests/test_cpu_lowbit.py): x [M, K] quantized to int8 per
+    block of 32 as the kernel does, times the dequantized codes, in float64."""
+    w = q4_dequantize(codes, scales).double()
+    return F.linear(quantize_activations(x), w).float()
+
+
+def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The q8 kernel's definition, as `q4_linear_reference`."""
+    w = q8_dequantize(codes, scales).double()
+    return F.linear(quantize_activations(x), w).float()
