@@ -14,7 +14,8 @@ Not here: acceptance, which requests run together (`scheduler.py`).
 """
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -28,6 +29,8 @@ from .models.draft_model import Eagle3Draft
 from .models.target import TargetModel
 from .verify import TreeLogits, verify_forward
 
+T = TypeVar("T")
+
 
 class Seat(Protocol):
     """What a phase backend reads of a request (`run.Run` is one)."""
@@ -40,12 +43,19 @@ class Seat(Protocol):
     slot: int | None  # its row of the backend's pools (`GraphPhases`), None without
 
 
-def by_topk(runs: list[Seat]) -> list[list[int]]:
-    """The requests' indices grouped by their tree's `topk` (a draft's frontier width)."""
+def per_topk(runs: list[Seat], alone: Callable[[int], T],
+             together: Callable[[list[int]], list[T]]) -> list[T]:
+    """Each request's output, the requests grouped by their tree's `topk` (a draft's frontier
+    width): a request alone in its group through `alone(i)`, a group of several through
+    `together(indices)`, which returns their outputs in that order."""
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(runs):
         groups.setdefault(r.tree.topk, []).append(i)
-    return list(groups.values())
+    out: list[T | None] = [None] * len(runs)
+    for group in groups.values():
+        for i, o in zip(group, [alone(group[0])] if len(group) == 1 else together(group)):
+            out[i] = o
+    return out
 
 
 def tree_batch(vins: list[EagleVerifyInput], tokens: list[torch.Tensor]
@@ -113,21 +123,14 @@ class EagerPhases:
 
     def draft(self, model: Eagle3Draft, runs: list[Seat], states: list[EagleDraftInput]
               ) -> list[DraftTree]:
-        out: list[DraftTree | None] = [None] * len(runs)
-        for group in by_topk(runs):
-            if len(group) == 1:
-                (i,) = group
-                out[i] = draft(model, states[i], runs[i].draft_cache, runs[i].tree)
-                continue
+        def together(group: list[int]) -> list[DraftTree]:
             s = [states[i] for i in group]
             rows = OwnCaches([runs[i].draft_cache for i in group], [x.seq_len for x in s])
-            trees = draft_levels(model, rows, torch.stack([x.topk_p for x in s]),
-                                 torch.stack([x.topk_ids for x in s]),
-                                 torch.stack([x.hidden for x in s]),
-                                 [runs[i].tree for i in group])
-            for i, t in zip(group, trees):
-                out[i] = t
-        return out
+            return draft_levels(model, rows, torch.stack([x.topk_p for x in s]),
+                                torch.stack([x.topk_ids for x in s]),
+                                torch.stack([x.hidden for x in s]), [runs[i].tree for i in group])
+        return per_topk(runs, lambda i: draft(model, states[i], runs[i].draft_cache,
+                                              runs[i].tree), together)
 
     def verify(self, target: TargetModel, runs: list[Seat], vins: list[EagleVerifyInput],
                plain: list[Seat], tokens: list[torch.Tensor], seq_lens: list[int]
@@ -143,17 +146,12 @@ class EagerPhases:
 
     def extend(self, model: Eagle3Draft, runs: list[Seat], exts: list[EagleDraftExtendInput]
                ) -> list[EagleDraftInput]:
-        out: list[EagleDraftInput | None] = [None] * len(runs)
-        for group in by_topk(runs):
-            if len(group) == 1:
-                (i,) = group
-                out[i] = extend(model, exts[i], runs[i].draft_cache, runs[i].tree.topk)
-                continue
+        def together(group: list[int]) -> list[EagleDraftInput]:
             e = [exts[i] for i in group]
             ids, hidden, offsets, lens = extend_batch(e)
             rows = OwnCaches([runs[i].draft_cache for i in group], [x.seq_len for x in e])
             topk_p, topk_ids, h = extend_forward(model, rows, ids, hidden, offsets, lens,
                                                  runs[group[0]].tree.topk)
-            for j, i in enumerate(group):
-                out[i] = draft_input(exts[i], topk_p[j], topk_ids[j], h[j])
-        return out
+            return [draft_input(x, topk_p[j], topk_ids[j], h[j]) for j, x in enumerate(e)]
+        return per_topk(runs, lambda i: extend(model, exts[i], runs[i].draft_cache,
+                                               runs[i].tree.topk), together)

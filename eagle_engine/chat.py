@@ -1,12 +1,25 @@
-"""Text side of the engine: chat prompts and an incremental detokenizer.
+"""Text side of the engine: chat prompts, prompt files and an incremental detokenizer.
 
-`encode_chat` applies the tokenizer's own chat template; `IncrementalDetokenizer` turns a growing
-list of token ids into text deltas that never split a UTF-8 character or drop the spaces that
-SentencePiece/BPE encode inside tokens, and finds stop strings. Not here: token generation.
+`encode_chat` applies the tokenizer's own chat template; `load_rows` reads a prompt file (JSONL
+rows with `turns`, as MT-bench's); `IncrementalDetokenizer` turns a growing list of token ids
+into text deltas that never split a UTF-8 character or drop the spaces that SentencePiece/BPE
+encode inside tokens, and finds stop strings. Not here: token generation.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from .config import ConfigError
+
+
+def load_rows(path: Path, limit: int | None) -> list[dict]:
+    """The first `limit` rows (all with None or 0) of the JSONL file `path`."""
+    if not path.is_file():
+        raise ConfigError(f"prompt file {path} does not exist")
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+    return rows[:limit] if limit else rows
 
 
 def stop_token_ids(config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The package's imports run one way: no circle inside `eagle_engine/` (every import counts:
-at the top, inside a function, or under TYPE_CHECKING), and the engine core imports nothing
-from its tools (`eagle_engine/tools/`), its training (`eagle_engine/train/`) or the app
-(`playground/`, `app.py`)."""
+at the top, inside a function, or under TYPE_CHECKING), the engine core imports nothing from
+its tools (`eagle_engine/tools/`), its training (`eagle_engine/train/`) or the app
+(`playground/`, `app.py`), and training nothing from the tools or the app."""
 from __future__ import annotations
 
 import ast
@@ -75,6 +75,12 @@ def test_the_core_imports_no_tool_training_or_app_module() -> None:
                                               "eagle_engine.__main__"))]
     wrong = {module_name(p): sorted(m for m in imports_of(p) if m.startswith(above))
              for p in core}
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
+def test_training_imports_no_tool_or_app_module() -> None:
+    wrong = {module_name(p): sorted(m for m in imports_of(p) if m.startswith(
+        ("eagle_engine.tools", "playground", "app"))) for p in (PACKAGE / "train").rglob("*.py")}
     assert {k: v for k, v in wrong.items() if v} == {}
 
 

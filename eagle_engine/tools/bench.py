@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import hardware
+from ..chat import load_rows
 from ..config import (
     CONTEXT_DRAFTS,
     TREE_FORMAT,
@@ -147,13 +148,6 @@ def parse_sweep(text: str, context_drafts: bool = CONTEXT_DRAFTS) -> list[TreePa
     does not name `ctx` takes `context_drafts`), so one run can compare trees."""
     base = TreeParams(context_drafts=context_drafts)
     return [TreeParams.parse(part, base) for part in text.split(";") if part.strip()]
-
-
-def load_rows(path: Path, limit: int | None) -> list[dict]:
-    if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
-    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
-    return rows[:limit] if limit else rows
 
 
 @dataclass(frozen=True)

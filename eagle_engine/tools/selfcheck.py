@@ -155,7 +155,7 @@ BUILTIN_PROMPTS = (  # the fallback of --prompts: short questions in MT-bench's 
 def load_prompts(path: Path | None, limit: int) -> tuple[str, list[str]]:
     """The first turn of each row of an MT-bench-style jsonl file (or the built-in prompts),
     at most `limit`; -> (where they came from, prompts)."""
-    from .bench import load_rows
+    from ..chat import load_rows
 
     if path is None:
         return "built-in", list(BUILTIN_PROMPTS[:limit])

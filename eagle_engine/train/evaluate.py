@@ -7,7 +7,7 @@ their own outputs, as in training-time test) is computed by the trainer's own lo
 target choice lies in the draft vocabulary, beside how often it does (the coverage) and the
 accuracy over every answer token, which compares heads of different draft vocabularies.
 Set beside the training log's accuracy it shows how much of a head's skill is memorized.
-Not here: speed or tree acceptance (`bench.py`).
+Not here: speed or tree acceptance (`tools/bench.py`).
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def heldout_accuracy(model: Eagle3Draft, target: TargetModel, prompts: list[list
 
 
 def cmd_eval_head(args: argparse.Namespace) -> None:
-    from ..tools.bench import load_rows
+    from ..chat import load_rows
     from ..engine import head_source
 
     rows = load_rows(args.prompts, args.limit)
