@@ -158,7 +158,17 @@ class OwnCaches:
                aux_layer_ids: tuple[int, ...]) -> list[TargetRows]:
         """The target over each request's real rows (the first `lens[b]`) -> per request
         its rows' outputs. `offsets` is for the static placement (here the real rows are
-        contiguous from `base`)."""
+        contiguous from `base`). A request alone runs the target's own forward (the same
+        computation, a few ops fewer than the batched one)."""
+        T = ids.shape[1]
+        if len(self.caches) == 1 and (lens is None or lens[0] == T):
+            (seq,), (cache,) = self.seq_lens, self.caches
+            mask = None if T == 1 and base == 0 else torch.cat(
+                [torch.ones(T, seq, dtype=torch.bool, device=ids.device), block[0, :, :base + T]],
+                dim=1)[None]  # [1, T, seq+base+T]
+            o = target(ids, pos + seq, cache, seq + base, mask, aux_layer_ids)
+            return [(o.logits[0], None if o.aux_hidden is None else o.aux_hidden[0],
+                     o.final_hidden[0])]
         seqs = self._rows(ids, pos, base, block, lens, pad_first=False)
         return [(o.logits[0], None if o.aux_hidden is None else o.aux_hidden[0],
                  o.final_hidden[0]) for o in target_forward(target, seqs, aux_layer_ids)]
