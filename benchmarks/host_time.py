@@ -10,7 +10,7 @@ runs), through `EagleEngine.stream` (the scheduler, as the app), `--repeats` tim
 
 - `graphs`: the app's path on a GPU, with every replay free. The engine runs in graph mode:
   each request leases a slot of the scheduler's cache pools, its phases are runners on static
-  buffers per batch-size bucket, and each runner's "capture" runs its static function once and
+  buffers per batch-size bucket, and each runner's "capture" runs its phase once and
   keeps the output, as a CUDA graph keeps its output buffers; a replay then copies the inputs
   into the buffers and returns that output without computing. What is left is the host's own work per iteration, the part that sits on
   a GPU's critical path between replays: tree building, acceptance, the commit, the read-back,

@@ -60,8 +60,8 @@ MAX_GRAPHS = 64
 
 class GraphMode(enum.Enum):
     EAGER = "eager"  # the eager phases (the CPU path)
-    STATIC = "static"  # the static functions over the pools, run eagerly (CPU tests)
-    GRAPHS = "graphs"  # the static functions captured and replayed as CUDA graphs
+    STATIC = "static"  # the phases over the pools, run eagerly, never captured (CPU tests)
+    GRAPHS = "graphs"  # the phases over the pools captured and replayed as CUDA graphs
 
 
 def graph_mode(enabled: bool, device: torch.device) -> GraphMode:

@@ -99,7 +99,7 @@ def test_static_phases_equal_eager_phases_for_an_eagle31_head(tree: TreeParams) 
                          ids=["tiny", "K2-S2-N6-ctx"])
 def test_static_phases_of_a_padded_batch_equal_each_request_alone(
         tree: TreeParams, batch: int, max_batch: int) -> None:
-    """Several requests replay one static function per phase, padded to their bucket: each gets
+    """Several requests replay one runner per phase, padded to their bucket: each gets
     its own eager phase's tokens, floats and cache rows, the pad rows touching no request's."""
     target, head = tiny_models("cpu")
     rows = phase_parity(target, head, tree, GraphMode.STATIC, batch=batch, max_batch=max_batch)
