@@ -160,18 +160,15 @@ class OwnCaches:
         its rows' outputs. `offsets` is for the static placement (here the real rows are
         contiguous from `base`). A request alone runs the target's own forward (the same
         computation, a few ops fewer than the batched one)."""
-        T = ids.shape[1]
-        if len(self.caches) == 1 and (lens is None or lens[0] == T):
-            (seq,), (cache,) = self.seq_lens, self.caches
-            mask = None if T == 1 and base == 0 else torch.cat(
-                [torch.ones(T, seq, dtype=torch.bool, device=ids.device), block[0, :, :base + T]],
-                dim=1)[None]  # [1, T, seq+base+T]
-            o = target(ids, pos + seq, cache, seq + base, mask, aux_layer_ids)
-            return [(o.logits[0], None if o.aux_hidden is None else o.aux_hidden[0],
-                     o.final_hidden[0])]
         seqs = self._rows(ids, pos, base, block, lens, pad_first=False)
+        if len(seqs) == 1:
+            s = seqs[0]
+            outs = [target(s.ids[None], s.positions[None], s.cache, s.start,
+                           None if s.mask is None else s.mask[None], aux_layer_ids)]
+        else:
+            outs = target_forward(target, seqs, aux_layer_ids)
         return [(o.logits[0], None if o.aux_hidden is None else o.aux_hidden[0],
-                 o.final_hidden[0]) for o in target_forward(target, seqs, aux_layer_ids)]
+                 o.final_hidden[0]) for o in outs]
 
     def draft(self, model: Eagle3Draft, ids: torch.Tensor, hidden: torch.Tensor,
               pos: torch.Tensor, offsets: torch.Tensor, base: int, block: torch.Tensor,
