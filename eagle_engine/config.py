@@ -464,16 +464,30 @@ class TreeParams:
         return max(self.num_steps, self.chain_len)
 
 
-# q4 target weights: k3 s2 n5 with a cut of 0.1, up to 8 sure nodes of the context's chain past
-# the budget (`CHAIN_SURE`) and a step cut of 0.5. A q4 tree row
-# costs a fifth to a third of a one-token step on a 2-core CPU and the head's second step about
-# an eighth, so that step runs only where the head is sure of its first draft (about half the
-# iterations); the cut leaves out nearly hopeless drafts. On an AVX-512 EPYC it is level with
-# k3 s1 n4 or a little faster on the full MT-bench (docs/history.md). Where the head's step
-# costs more of a token (an AVX2 EPYC) the app and `python -m eagle_engine tune` measure k3 s1
-# n4 among the candidates on each machine and keep this default unless another is faster
-# beyond the noise (`tools/autotune.py`).
+# q4 target weights on an AVX-512 CPU with VNNI: k3 s2 n5 with a cut of 0.1, up to 8 sure nodes
+# of the context's chain past the budget (`CHAIN_SURE`) and a step cut of 0.5. A q4 tree row
+# costs a fifth to a third of a one-token step on a 2-core AVX-512 EPYC and the head's second
+# step about an eighth, so that step runs only where the head is sure of its first draft (about
+# half the iterations); the cut leaves out nearly hopeless drafts. On the AVX-512 EPYC it is
+# level with k3 s1 n4 or a little faster on the full MT-bench (docs/history.md).
 Q4_TREE = TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
+# The static q4 default per CPU class (`hardware.cpu_isa`), each measured on its class
+# (docs/history.md, "Tree shape and defaults"); `tools/autotune.py` measures the candidates on
+# each machine and keeps its class's default unless another tree is faster beyond the noise.
+# - AMX Xeon: k3 s1 n4, cut 0.05 (1.093x vs 1.057x for k2 s1 n3); the second head step and the
+#   deeper tree were never measured there, the context's chain costs no head step.
+# - AVX2 only: a chain of one head draft and the context's chain. On a Zen 1 EPYC a 4-row verify
+#   costs 2.66 one-token steps (1.18 on the AVX-512 EPYC), and k1 s1 n2 was the fastest tree
+#   (118.6 tok/s; k3 s2 n5 101.6), though slower than plain decoding (135.7); on a Zen 3 AVX2
+#   EPYC, where trees pay, the tuner measures the wider candidates.
+Q4_TREES = {"AVX-512": Q4_TREE,
+            "AMX": TreeParams(3, 1, 4, min_score=0.05, context_extra=8),
+            "AVX2": TreeParams(1, 1, 2, context_extra=8)}
+
+
+def q4_tree(isa: str | None = None) -> TreeParams:
+    """The static q4 default of CPU class `isa` (default: this CPU's, `hardware.cpu_isa`)."""
+    return Q4_TREES.get(isa or hardware.cpu_isa(), Q4_TREE)
 
 
 @dataclass(frozen=True)
@@ -487,7 +501,8 @@ class EngineConfig:
     (`resolve_weights`). `max_batch` is how many requests the scheduler steps together
     (`scheduler.py`; 1 answers one at a time); `prefix_cache_mb` bounds the memory that keeps
     finished requests' cache rows for the next chat turn (`prefix_cache.py`; 0 turns reuse
-    off)."""
+    off); `adapt_threads` lets a CPU engine step on one thread while other processes take the
+    cores (`cpu_share.ThreadGovernor`)."""
 
     target: str = "bundled"
     drafts: tuple[str, ...] = ("bundled",)
@@ -500,6 +515,7 @@ class EngineConfig:
     weights: str = "auto"
     max_batch: int = 4
     prefix_cache_mb: int = 0
+    adapt_threads: bool = True
 
     def __post_init__(self) -> None:
         weights = resolve_weights(self.weights, self.target, self.device, self.dtype)
@@ -526,7 +542,7 @@ class EngineConfig:
     @property
     def default_tree(self) -> TreeParams:
         """The static default tree for these weights, from the measured sweeps
-        (docs/history.md): with q4 weights a tree row costs more compute than a dense one
-        (`Q4_TREE`). An engine's `default_tree` replaces it with the tree `autotune` chose on
-        this machine."""
-        return Q4_TREE if self.weights == "q4" else TreeParams()
+        (docs/history.md): with q4 weights a tree row costs more compute than a dense one, and
+        how much depends on the CPU class (`Q4_TREES`). An engine's `default_tree` replaces it
+        with the tree `autotune` chose on this machine."""
+        return q4_tree() if self.weights == "q4" else TreeParams()

@@ -39,6 +39,7 @@ from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .parts import EngineParts
 from .prefix_cache import PrefixCache
+from .cpu_share import ThreadGovernor
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,9 @@ class EagleEngine:
         max_batch = self.config.max_batch if max_batch is None else max_batch
         phases = cuda_graph.phases_for(self.target, self.heads, self.config.max_len, max_batch,
                                        self.graph_mode)
-        return Scheduler(self.parts, phases, max_batch, executor)
+        governor = (ThreadGovernor(torch.get_num_threads())
+                    if self.config.adapt_threads and self.target.device.type == "cpu" else None)
+        return Scheduler(self.parts, phases, max_batch, executor, governor)
 
     @property
     def default_tree(self) -> TreeParams:

@@ -39,11 +39,20 @@ class RunStats:
     prefill_s: float = 0.0
     reused_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
     phase_s: dict[str, float] = field(default_factory=dict)  # draft / verify / extend / decode
+    cpu_s: float = 0.0  # the process's CPU time over `elapsed_s` (every thread's, any work's)
+    core_s: float = 0.0  # `elapsed_s` x the engine's threads at the time: the CPU time it asked
+    thinned: bool = False  # some steps ran on fewer threads: the machine was busy (`cpu_share`)
 
     @property
     def tau(self) -> float:
         """Mean accepted length: tokens per target forward (accepted drafts + the bonus)."""
         return self.step_tokens / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        """The CPU time the process got over what the engine's threads asked for (1.0 with
+        nothing measured): well below 1, other work took the cores."""
+        return self.cpu_s / self.core_s if self.core_s > 0 else 1.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -57,7 +66,7 @@ class RunStats:
         every event carries one, and `asdict`'s recursive deep copy takes 13 us (this: 2 us)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(accepted_per_depth=list(self.accepted_per_depth), phase_s=dict(self.phase_s),
-                 tau=self.tau, tokens_per_s=self.tokens_per_s,
+                 tau=self.tau, tokens_per_s=self.tokens_per_s, cpu_share=self.cpu_share,
                  acceptance_per_depth=self.acceptance_per_depth())
         return d
 

@@ -69,12 +69,17 @@ def cpu_model() -> str:
                 platform.machine())
 
 
+def cpu_isa(flags: tuple[str, ...] | None = None) -> str:
+    """The widest vector unit of this CPU: "AMX", "AVX-512", "AVX2" or "x86-64"."""
+    flags = cpu_flags() if flags is None else flags
+    return ("AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags
+            else "AVX2" if "avx2" in flags else "x86-64")
+
+
 def cpu_class(flags: tuple[str, ...] | None = None, model: str | None = None) -> str:
     """The class a figure is measured on, as the README names them: "AMX Xeon", "AVX-512 EPYC",
-    "AVX2 EPYC" (the widest of AMX, AVX-512, AVX2, then the vendor's line)."""
-    flags = cpu_flags() if flags is None else flags
+    "AVX2 EPYC" (`cpu_isa`, then the vendor's line)."""
+    isa = cpu_isa(flags)
     model = cpu_model() if model is None else model
-    isa = ("AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags
-           else "AVX2" if "avx2" in flags else "x86-64")
     line = next((name for name in ("EPYC", "Xeon", "Ryzen", "Core") if name in model), model)
     return f"{isa} {line}"

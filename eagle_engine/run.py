@@ -51,6 +51,7 @@ class Run:
         self.tokens = list(prompt_ids)  # the prompt and every token generated (past a stop too)
         self.draft_rows = 0  # draft cache rows holding committed tokens
         self.t_start = time.perf_counter()
+        self.cpu_start, self.t_last = time.process_time(), self.t_start
         self.step = 0
 
     def _emit(self, tokens: list[int], kinds: list[str], depths: list[int],
@@ -76,7 +77,11 @@ class Run:
 
     def event(self, spans: list[TokenSpan], finished: str | None, timings: dict[str, float],
               **extra) -> StepEvent:
-        self.stats.elapsed_s = time.perf_counter() - self.t_start
+        now = time.perf_counter()
+        self.stats.elapsed_s = now - self.t_start
+        self.stats.cpu_s = time.process_time() - self.cpu_start
+        self.stats.core_s += (now - self.t_last) * torch.get_num_threads()
+        self.t_last = now
         for k, v in timings.items():
             self.stats.phase_s[k] = self.stats.phase_s.get(k, 0.0) + v / 1000
         # text held back for a possible stop string belongs to earlier spans; release it when the

@@ -68,6 +68,7 @@ from .accept import commit, extend, parse_readback, readback_parts
 from .batch_phases import EagerPhases
 from .config import ConfigError, SamplingParams, TreeParams
 from .context_draft import ContextIndex
+from .cpu_share import CpuClock, ThreadGovernor
 from .events import StepEvent
 from .io_struct import (DraftTree, EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput,
                         EagleVerifyOutput, VerifyReadback)
@@ -174,11 +175,14 @@ class Scheduler:
     `phases` (`cuda_graph.phases_for`, made for `max_batch` requests)."""
 
     def __init__(self, parts: EngineParts, phases: EagerPhases, max_batch: int,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, governor: ThreadGovernor | None = None
+                 ) -> None:
+        """`governor`: the thread count under load (`cpu_share.ThreadGovernor`; None on a GPU,
+        where the CPU's threads only launch work)."""
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         self.parts, self.phases, self.max_batch = parts, phases, max_batch
-        self.executor = executor
+        self.executor, self.governor = executor, governor
         self._lock = threading.Lock()
         self._stepping = threading.Lock()  # held through a step
         self._waiting: deque[_Pending] = deque()
@@ -236,7 +240,15 @@ class Scheduler:
         Steps never overlap: a caller stepping its own request (`EagleEngine.stream`) while the
         executor steps takes turns with it, each step serving every request."""
         with self._stepping:
-            self._guarded_step()
+            if self.governor is None:
+                self._guarded_step()
+                return
+            self.governor.apply()
+            for req in self._active:  # its figures were taken on a busy machine
+                req.run.stats.thinned |= self.governor.thinned
+            with CpuClock() as clock:
+                self._guarded_step()
+            self.governor.account(clock.reading)
 
     def _guarded_step(self) -> None:
         try:

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.usefixtures("torch_single_thread")
 def quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "NEW_TOKENS", 12)
+    monkeypatch.setattr(autotune, "STARVED_BELOW", 0.0)  # other tests may load the cores
     monkeypatch.setattr(autotune, "FIRST_ANSWER", 8)
     monkeypatch.setattr(autotune, "CANDIDATES", {
         "q4": (TreeParams(2, 2, 3), TreeParams(1, 2, 3, context_extra=8, step_cut=0.5)),
@@ -154,3 +155,65 @@ def test_a_tree_round_trips_through_its_spec_and_its_label_names_each_setting() 
     assert TreeParams.parse(tree.spec()) == tree
     assert autotune.tree_label(tree) == "k3 s2 n5 min0.1 step0.5 +ctx+8"
     assert autotune.tree_label(TreeParams(2, 1, 3, context_drafts=False)) == "k2 s1 n3"
+
+
+class BusyClock:
+    """A `CpuClock` on a machine whose other work takes half of the cores."""
+
+    def __enter__(self) -> BusyClock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from eagle_engine.cpu_share import CpuShare
+
+        self.reading = CpuShare(cpu_s=1.0, wall_s=1.0, threads=2)
+
+
+@pytest.mark.usefixtures("quick")
+def test_a_measurement_under_load_keeps_the_static_default_and_caches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the process gets half of its cores, `tune` stops, says so, caches nothing, and
+    `apply` leaves the engine's static tree; every decoding went through `call`."""
+    engine = tiny_engine(tmp_path, max_len=128, vocab_size=256)
+    static = engine.default_tree
+    monkeypatch.setattr(autotune, "CpuClock", BusyClock)
+    monkeypatch.setattr(autotune, "STARVED_BELOW", 0.8)
+    units = []
+    tuned = autotune.tune([engine], "head", call=lambda unit: units.append(unit) or unit())
+    assert tuned.loaded and tuned.cpu_share == 0.5 and len(units) == 1  # stopped at once
+    assert not autotune.cache_path([engine], "head").exists()
+    assert autotune.apply([engine], tuned) == [engine]
+    assert engine.default_tree == static and engine.tuned is tuned
+    assert "machine was busy" in tuned.summary("fp32") and "50%" in tuned.summary("fp32")
+    assert tuned.weights_info() is None
+
+
+def test_the_meter_judges_the_share_once_enough_is_measured() -> None:
+    from eagle_engine.cpu_share import CpuShare
+
+    class Engine:  # its decoding's readings are the `Clock`'s
+        scheduler = type("S", (), {"governor": None})
+
+        def generate(self) -> str:
+            return "out"
+
+    readings = iter([])
+    meter, engine = autotune.Meter(), Engine()
+
+    class Clock:
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.reading = next(readings)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(autotune, "CpuClock", Clock)
+        readings = iter([CpuShare(0.4, 0.4, 2)])  # 0.8 core-seconds: not yet judged
+        assert meter.generate(engine) == "out" and meter.share == 0.5
+        readings = iter([CpuShare(0.4, 0.4, 2)])  # 1.6 core-seconds at half: loaded
+        with pytest.raises(autotune.Loaded, match="got 50% of its cores"):
+            meter.generate(engine)
+        quiet = autotune.Meter()
+        readings = iter([CpuShare(3.9, 2.0, 2)])
+        assert quiet.generate(engine) == "out" and quiet.share == pytest.approx(0.975)

@@ -259,14 +259,18 @@ def test_pick_head_names_heads_as_the_engine_does(tmp_path: Path) -> None:
         pick_head(engine, "owner/other")
 
 
-def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
+def test_tree_flags_fill_in_from_the_weights_default_tree(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
     """Tree flags not given come from `EngineConfig.default_tree`: 8 tree tokens for dense
-    targets, 5 with q4 weights; flags given always win."""
+    targets, 5 with q4 weights on an AVX-512 CPU; flags given always win."""
     from types import SimpleNamespace
 
+    from eagle_engine import hardware
     from eagle_engine.config import Q4_TREE as q4
     from eagle_engine.config import EngineConfig
     from eagle_engine.tools.cli_args import tree_params
+
+    monkeypatch.setattr(hardware, "cpu_isa", lambda flags=None: "AVX-512")
 
     args = SimpleNamespace(topk=None, num_steps=None, num_draft_tokens=None,
                            context_drafts=None, min_score=None, context_extra=None,
@@ -297,23 +301,27 @@ def test_tree_flags_fill_in_from_the_weights_default_tree() -> None:
         assert tree_params(parsed, q4) == replace(q4, step_cut=0.0)
 
 
-def test_q4_default_tree_is_tunes_first_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """q4's static default is k3 s2 n5 with a cut, a sure chain from the context past it and
-    a step cut on every CPU class (VNNI or AVX2 products), the first of `tune`'s candidates,
-    with the one-step trees k3 s1 n4 and k2 s1 n3 among the others; dense targets keep
-    `TreeParams()`."""
+def test_q4_default_tree_follows_the_cpu_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q4's static default is its CPU class's (`Q4_TREES`): k3 s2 n5 with a cut, a sure chain
+    from the context past it and a step cut with AVX-512 (and on an unknown class), k3 s1 n4 on
+    an AMX Xeon, a chain of one head draft with AVX2 alone; each is among `tune`'s candidates,
+    with `Q4_TREE` first. Dense targets keep `TreeParams()` on every class."""
     from eagle_engine import config, hardware
     from eagle_engine.tools import autotune
 
     assert config.Q4_TREE == TreeParams(3, 2, 5, min_score=0.1, context_extra=8, step_cut=0.5)
     assert autotune.CANDIDATES["q4"][0] == config.Q4_TREE
-    assert {TreeParams(3, 1, 4, min_score=0.05, context_extra=8),
-            TreeParams(2, 1, 3, min_score=0.05, context_extra=8)} <= set(autotune.CANDIDATES["q4"])
-    for flags in (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
-                  ("avx2", "fma", "f16c")):
+    assert set(config.Q4_TREES.values()) <= set(autotune.CANDIDATES["q4"])
+    for flags, want in (
+            (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+             config.Q4_TREE),
+            (("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"),
+             TreeParams(3, 1, 4, min_score=0.05, context_extra=8)),
+            (("avx2", "fma", "f16c"), TreeParams(1, 1, 2, context_extra=8))):
         monkeypatch.setattr(hardware, "cpu_flags", lambda flags=flags: flags)
-        assert config.EngineConfig(weights="q4").default_tree == config.Q4_TREE
+        assert config.EngineConfig(weights="q4").default_tree == want
         assert config.EngineConfig(weights="dense").default_tree == TreeParams()
+    assert config.q4_tree("x86-64") == config.Q4_TREE
 
 
 def test_sweep_trees_are_named_fields() -> None:

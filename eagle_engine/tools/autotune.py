@@ -31,20 +31,25 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..config import CHAIN_SURE, CONTEXT_DRAFTS, Q4_TREE, SamplingParams, TreeParams
+from ..cpu_share import STARVED_BELOW, CpuClock
 from ..engine import head_source
 from ..hardware import cache_root, cpu_flags, cpu_model
 from ..kernels.cpu_lowbit import source_digest
 
 log = logging.getLogger(__name__)
 
-VERSION = 6  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
-# 4: trees carry their context_extra; 5: and their step_cut; 6: trees as named fields
+VERSION = 7  # 2: trees carry their min_score; 3: second turns, decoding time, `choose`;
+# 4: trees carry their context_extra; 5: and their step_cut; 6: trees as named fields;
+# 7: the CPU share measured under
+MIN_CORE_S = 1.0  # core-seconds measured before the CPU share is judged
 CONVERSATIONS = (  # (first turn, second turn), in MT-bench's categories
     ("Write a short Python function that reverses a string, and explain it.",
      "Now add a docstring and one test for it."),
@@ -118,9 +123,15 @@ class Tuned:
     order: list[str]
     seconds: float
     cpu: str
+    cpu_share: float = 1.0  # the process's share of its cores while measuring (`Meter`)
+    loaded: bool = False  # other work took the cores: the figures are not used nor cached
 
     def summary(self, weights: str) -> str:
         """One line for the status bar: why this weight format and tree."""
+        if self.loaded:
+            return (f"not measured: the machine was busy (this process got "
+                    f"{100 * self.cpu_share:.0f}% of its cores), so the default tree for this "
+                    "CPU class stays; a later quiet start measures again")
         m = self.measured[weights]
         what = "plain "
         if m.chosen is not None:
@@ -131,8 +142,10 @@ class Tuned:
                 + (f"; other weights: {others} tok/s" if others else "")
                 + f" (measured here at first start, {self.seconds:.0f} s)")
 
-    def weights_info(self) -> str:
+    def weights_info(self) -> str | None:
         """The measured speed of each weight format, fastest first (the sidebar's note)."""
+        if self.loaded:
+            return None
         return "measured here (fastest first): " + ", ".join(
             f"{w} {self.measured[w].best_tok_s():.0f} tok/s" for w in self.order)
 
@@ -174,21 +187,61 @@ def cached(engines: list, head: str | None) -> Tuned | None:
     return Tuned(raw["head"], measured, raw["order"], raw["seconds"], raw["cpu"])
 
 
-def conversation_prompts(engine) -> list[list[int]]:  # noqa: ANN001 - EagleEngine
+class Loaded(Exception):
+    """The process did not get its cores while measuring: the figures would rank the load, not
+    the trees."""
+
+    def __init__(self, share: float) -> None:
+        super().__init__(f"this process got {100 * share:.0f}% of its cores while measuring")
+        self.share = share
+
+
+@dataclass
+class Meter:
+    """Runs each measured `generate` as one unit of work through `call` (default: here and now;
+    the app passes its engine thread, which runs a unit only while no visitor is answered) and
+    watches the process's share of its cores over the units (`cpu_share.CpuClock`): once
+    `MIN_CORE_S` are measured, a share below `STARVED_BELOW`, or an engine that dropped threads
+    because the machine is busy, raises `Loaded`."""
+
+    call: Callable[[Callable[[], Any]], Any] = field(default=lambda unit: unit())
+    cpu_s: float = 0.0
+    core_s: float = 0.0
+
+    @property
+    def share(self) -> float:
+        return self.cpu_s / self.core_s if self.core_s > 0 else 1.0
+
+    def generate(self, engine, *args: Any, **kw: Any) -> Any:  # noqa: ANN001 - EagleEngine
+        def unit() -> tuple[Any, Any, bool]:
+            with CpuClock() as clock:
+                out = engine.generate(*args, **kw)
+            governor = engine.scheduler.governor
+            return out, clock.reading, governor is not None and governor.thinned
+        out, reading, thinned = self.call(unit)
+        self.cpu_s += reading.cpu_s
+        self.core_s += reading.wall_s * reading.threads
+        if thinned or (self.core_s >= MIN_CORE_S and self.share < STARVED_BELOW):
+            raise Loaded(self.share)
+        return out
+
+
+def conversation_prompts(engine, meter: Meter) -> list[list[int]]:  # noqa: ANN001 - EagleEngine
     """Both turns of each of `CONVERSATIONS`, as token ids: the first turn, then the second on
     top of the engine's plain greedy first answer (`FIRST_ANSWER` tokens at most)."""
     prompts = []
     for first, second in CONVERSATIONS:
         messages = [{"role": "user", "content": first}]
         prompts.append(engine.encode(messages))
-        answer = engine.generate(prompts[-1], SamplingParams(max_new_tokens=FIRST_ANSWER)).text
+        answer = meter.generate(engine, prompts[-1],
+                                SamplingParams(max_new_tokens=FIRST_ANSWER)).text
         prompts.append(engine.encode([*messages, {"role": "assistant", "content": answer},
                                       {"role": "user", "content": second}]))
     return prompts
 
 
 def speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
-           prompts: list[list[int]], rounds: int
+           prompts: list[list[int]], rounds: int, meter: Meter
            ) -> tuple[list[float], dict[str, list[float]], list[str]]:
     """Decoding tokens/s of plain decoding and of each tree, one sample per prompt and round
     (the systems back to back, their order rotated by one from prompt to prompt, so that each
@@ -198,12 +251,13 @@ def speeds(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - 
     systems: list[TreeParams | None] = [None, *trees]
     rates: list[list[float]] = [[] for _ in systems]
     outputs: list[dict[int, list[int]]] = [{} for _ in systems]  # per system, prompt ->
-    engine.generate(prompts[0], params, trees[0] if trees else None, head)  # warm-up
+    meter.generate(engine, prompts[0], params, trees[0] if trees else None, head)  # warm-up
     for r in range(rounds):
         for p, ids in enumerate(prompts):
             shift = (r * len(prompts) + p) % len(systems)
             for i in [*range(shift, len(systems)), *range(shift)]:
-                out = engine.generate(ids, params, systems[i], head if systems[i] else None)
+                out = meter.generate(engine, ids, params, systems[i],
+                                     head if systems[i] else None)
                 # the tokens after the first (which the prefill gives) over the time after it
                 rates[i].append((len(out.token_ids) - 1)
                                 / (out.stats.elapsed_s - out.stats.prefill_s))
@@ -242,9 +296,9 @@ def choose(default: str, samples: dict[str, list[float]]) -> str:
 
 
 def measure(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 - EagleEngine
-            prompts: list[list[int]], rounds: int) -> Measured:
+            prompts: list[list[int]], rounds: int, meter: Meter | None = None) -> Measured:
     """One engine's `Measured`: plain decoding and `trees` on `prompts`, the tree chosen."""
-    plain, samples, wrong = speeds(engine, head, trees, prompts, rounds)
+    plain, samples, wrong = speeds(engine, head, trees, prompts, rounds, meter or Meter())
     correct = {t: v for t, v in samples.items() if t not in wrong}
     chosen = choose(tree_label(engine.config.default_tree), correct) if correct else None
     return Measured(engine.config.weights_label, mean_rate(plain),
@@ -252,31 +306,44 @@ def measure(engine, head: str | None, trees: list[TreeParams],  # noqa: ANN001 -
                     {tree_label(t): t.spec() for t in trees}, wrong, chosen)
 
 
-def tune(engines: list, head: str | None, refresh: bool = False) -> Tuned:
+def tune(engines: list, head: str | None, refresh: bool = False,
+         call: Callable[[Callable[[], Any]], Any] | None = None) -> Tuned:
     """Measure (or read from the cache) the fastest weights and tree for `engines` with
-    `head` (None: plain decoding only, nothing to choose but the weights)."""
+    `head` (None: plain decoding only, nothing to choose but the weights). `call` runs each
+    decoding (`Meter`). When the process does not get its cores, the measurement stops and
+    its `Tuned` says so (`loaded`): nothing is cached, `apply` keeps the static defaults."""
     if not refresh and (hit := cached(engines, head)) is not None:
         return hit
     t0 = time.perf_counter()
     log.info("measuring which weights and tree decode fastest on this machine (first start "
              "only, cached afterwards)…")
+    meter = Meter(call) if call is not None else Meter()
     measured: dict[str, Measured] = {}
-    for engine in engines:  # stage 1: each weight format, plain and its static default tree
-        label = engine.config.weights_label
-        trees = [engine.config.default_tree] if head else []
-        first_turn = [engine.encode(CONVERSATIONS[0][0])]
-        measured[label] = measure(engine, head, trees, first_turn, 1)
-        log.info("  %s: plain %.1f tok/s, %s", label, measured[label].plain_tok_s,
-                 measured[label].tree_tok_s)
-    order = sorted(measured, key=lambda w: -measured[w].best_tok_s())
-    if head:  # stage 2: the candidate trees of the fastest format
-        engine = next(e for e in engines if e.config.weights_label == order[0])
-        family = "q4" if engine.config.weights == "q4" else "dense"
-        trees = list(CANDIDATES[family])
-        measured[order[0]] = m = measure(engine, head, trees, conversation_prompts(engine), ROUNDS)
-        log.info("  %s trees: %s (plain %.1f tok/s); chosen: %s", order[0], m.tree_tok_s,
-                 m.plain_tok_s, m.chosen)
-    tuned = Tuned(head, measured, order, round(time.perf_counter() - t0, 1), cpu_model())
+    try:
+        for engine in engines:  # stage 1: each weight format, plain and its static default tree
+            label = engine.config.weights_label
+            trees = [engine.config.default_tree] if head else []
+            first_turn = [engine.encode(CONVERSATIONS[0][0])]
+            measured[label] = measure(engine, head, trees, first_turn, 1, meter)
+            log.info("  %s: plain %.1f tok/s, %s", label, measured[label].plain_tok_s,
+                     measured[label].tree_tok_s)
+        order = sorted(measured, key=lambda w: -measured[w].best_tok_s())
+        if head:  # stage 2: the candidate trees of the fastest format
+            engine = next(e for e in engines if e.config.weights_label == order[0])
+            family = "q4" if engine.config.weights == "q4" else "dense"
+            trees = list(CANDIDATES[family])
+            m = measure(engine, head, trees, conversation_prompts(engine, meter), ROUNDS, meter)
+            measured[order[0]] = m
+            log.info("  %s trees: %s (plain %.1f tok/s); chosen: %s", order[0], m.tree_tok_s,
+                     m.plain_tok_s, m.chosen)
+    except Loaded as e:
+        log.warning("stopped measuring after %.0f s: %s; the static defaults stay and nothing "
+                    "is cached (a later quiet start measures again)",
+                    time.perf_counter() - t0, e)
+        return Tuned(head, measured, [e.config.weights_label for e in engines],
+                     round(time.perf_counter() - t0, 1), cpu_model(), round(e.share, 3), True)
+    tuned = Tuned(head, measured, order, round(time.perf_counter() - t0, 1), cpu_model(),
+                  round(meter.share, 3))
     path = cache_path(engines, head)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(tuned), indent=1))
@@ -292,7 +359,12 @@ def use_cached(engine, head: str | None) -> None:  # noqa: ANN001 - EagleEngine
 
 
 def apply(engines: list, tuned: Tuned) -> list:
-    """Give each engine its chosen tree; return the engines fastest first."""
+    """Give each engine its chosen tree; return the engines fastest first. A measurement taken
+    under load (`Tuned.loaded`) changes nothing but `engine.tuned`, which says why."""
+    if tuned.loaded:
+        for engine in engines:
+            engine.tuned = tuned
+        return list(engines)
     for engine in engines:
         m = tuned.measured.get(engine.config.weights_label)
         if m is not None and (tree := m.best_tree()) is not None:

@@ -63,7 +63,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> None:
-    """Measure the fastest weights and tree here (`autotune.tune`), cache and print them."""
+    """Print the fastest weights and tree here (`autotune.tune`): the cached measurement, or
+    a new one (with `--refresh`, or when none is cached), cached unless the machine was busy.
+    Exits 3 when it was: the figures would rank the load."""
     from dataclasses import asdict
 
     from ..engine import EagleEngine
@@ -74,9 +76,11 @@ def cmd_tune(args: argparse.Namespace) -> None:
         engines.append(EagleEngine.load(config.other_weights(args.dtype),
                                         tokenizer=engines[0].tokenizer))
     head = pick_head(engines[0], args.draft)
-    tuned = autotune.tune(engines, head, refresh=True)
+    tuned = autotune.tune(engines, head, refresh=args.refresh)
     print(json.dumps(asdict(tuned), indent=1))
     print(f"{tuned.order[0]}: {tuned.summary(tuned.order[0])}", file=sys.stderr)
+    if tuned.loaded:
+        raise SystemExit(3)
 
 
 def cmd_inspect_draft(args: argparse.Namespace) -> None:
@@ -108,9 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--events", action="store_true", help="with --json: one line per step")
     g.set_defaults(func=cmd_generate)
 
-    t = sub.add_parser("tune", help="measure the fastest target weights and tree on this "
-                       "machine and cache them (the app does this at its first start)")
+    t = sub.add_parser("tune", help="the fastest target weights and tree on this machine: "
+                       "measured and cached once (the app does this after its first start), "
+                       "read from the cache afterwards")
     add_engine_args(t)
+    t.add_argument("--refresh", action="store_true",
+                   help="measure again even when a measurement is cached")
     t.add_argument("--single-weights", action="store_true",
                    help="measure only --weights, not also the other format")
     t.set_defaults(func=cmd_tune)

@@ -10,11 +10,11 @@ import argparse
 from ..config import (
     CHAIN_SURE,
     CONTEXT_DRAFTS,
-    Q4_TREE,
     WEIGHTS,
     ConfigError,
     EngineConfig,
     TreeParams,
+    q4_tree,
 )
 
 
@@ -40,14 +40,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
     where = "; the tree `tune` chose on this machine once it has run"
+    q4 = q4_tree()  # this CPU class's static default
     p.add_argument("--topk", type=int, default=None,
-                   help=f"default {TreeParams().topk}, with q4 weights {Q4_TREE.topk}{where}")
+                   help=f"default {TreeParams().topk}, with q4 weights {q4.topk}{where}")
     p.add_argument("--num-steps", type=int, default=None,
                    help=f"default {TreeParams().num_steps}, with q4 weights "
-                   f"{Q4_TREE.num_steps}{where}")
+                   f"{q4.num_steps}{where}")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"default {TreeParams().num_draft_tokens}, with q4 weights "
-                   f"{Q4_TREE.num_draft_tokens}{where}")
+                   f"{q4.num_draft_tokens}{where}")
     p.add_argument("--context-drafts", action=argparse.BooleanOptionalAction, default=None,
                    help="add a chain from a suffix match over the conversation so far to the "
                    "tree, under the same --num-draft-tokens budget (default "
@@ -55,16 +56,16 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-score", type=float, default=None,
                    help="verify only draft tokens whose path probability is at least this, so "
                    f"--num-draft-tokens becomes a cap (default {TreeParams().min_score:g}, with "
-                   f"q4 weights {Q4_TREE.min_score:g}{where})")
+                   f"q4 weights {q4.min_score:g}{where})")
     p.add_argument("--context-extra", type=int, default=None,
                    help="with context drafts, verify up to this many more of the chain's tokens "
                    f"past --num-draft-tokens, those at least {CHAIN_SURE:g} likely (default "
-                   f"{TreeParams().context_extra}, with q4 weights {Q4_TREE.context_extra}"
+                   f"{TreeParams().context_extra}, with q4 weights {q4.context_extra}"
                    f"{where})")
     p.add_argument("--step-cut", type=float, default=None,
                    help="run the head's draft steps past the first only while the best path so "
                    f"far is at least this likely (default {TreeParams().step_cut:g}: every "
-                   f"step; with q4 weights {Q4_TREE.step_cut:g}{where})")
+                   f"step; with q4 weights {q4.step_cut:g}{where})")
 
 
 def tree_params(args: argparse.Namespace, base: TreeParams) -> TreeParams:
