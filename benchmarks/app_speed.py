@@ -84,7 +84,7 @@ def in_new_thread(fn: Any, *args: Any) -> Any:
 
 def threads(args: argparse.Namespace) -> dict:
     worker = serving.EngineThread()
-    engine = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))[0]
+    engine = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))[0][0]
     return {"engine_thread": worker.call(answer_speeds, engine, args.tokens, args.repeats),
             "second_thread": in_new_thread(answer_speeds, engine, args.tokens, args.repeats)}
 
@@ -93,7 +93,7 @@ def frames(args: argparse.Namespace) -> dict:
     from gradio_client import Client
 
     worker = serving.EngineThread()
-    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
+    engines, _ = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     clients = {}
     for interval in (0.0, handlers.FRAME_INTERVAL_S):
         demo = layout.build_demo(engines, worker, frame_interval=interval)
@@ -154,7 +154,7 @@ def browser(args: argparse.Namespace) -> dict:
     if path is None:
         raise SystemExit("browser needs Debian's chromium (apt-get install -y chromium)")
     worker = serving.EngineThread()
-    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
+    engines, _ = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     # the estimate's plain speeds, measured at start-up as `app.main` does (one copy a setting)
     rates = {e.config.weights_label: worker.call(measure, e) for e in engines}
     settings = [(float(i), p, float(q)) for i in args.intervals.split(",")

@@ -31,6 +31,7 @@ from typing import Any
 
 from eagle_engine.tools.bench import provenance, write_report
 from playground import handlers, layout, serving, startup
+from playground.speed_estimate import measure
 from playground import ui_render as ui
 
 LOADS = ("none", "busy", "browser")
@@ -42,7 +43,7 @@ PROMPTS = ["Write a Python function that checks whether a string is a palindrome
            "Explain photosynthesis in two sentences.",
            "List five countries in Europe and their capitals."]
 # the speedup tile with "compare" on: the measured value, the estimate in its label
-TILE = re.compile(r"(\d+\.\d+)×\s*speedup vs baseline \(measured; estimate ≈(\d+\.\d+)×\)")
+TILE = re.compile(r"(\d+\.\d+)×\s*this answer, raced; estimated ≈(\d+\.\d+)×")
 
 
 @contextmanager
@@ -127,11 +128,11 @@ def main() -> None:
     if not 1 <= args.prompts <= len(PROMPTS):
         p.error(f"--prompts must be in 1..{len(PROMPTS)}, got {args.prompts}")
     worker = serving.EngineThread()
-    engines = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
+    engines, _ = worker.call(startup.load_engines, startup.parse_args(["--single-weights"]))
     weights = engines[0].config.weights_label
     head = ui.default_head(engines[0].head_info())
     costs: dict = {}
-    worker.call(startup.fill_cost, engines[0], head.name, costs)  # quiet, as at the app's start
+    costs[weights] = worker.call(measure, engines[0], head.name)  # quiet, as the app measures
     tree = engines[0].default_tree
 
     def settings(prompt: str) -> ui.Settings:

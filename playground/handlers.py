@@ -27,8 +27,15 @@ from eagle_engine.events import StepEvent
 from . import ui_render as ui
 from .conversation import conversation_ids, fit_prompt, turns_text
 from .race import Lane, compare_html, live_html, race_data, result_text
-from .serving import EngineThread, StopFlags
-from .speed_estimate import Estimate, VerifyCost, estimate, measured_speedup
+from .serving import EngineThread, StopFlags, Visitors
+from .speed_estimate import (
+    Estimate,
+    VerifyCost,
+    estimate,
+    measured_speedup,
+    slower_note,
+    starved,
+)
 
 log = logging.getLogger("app")
 # A frame costs Gradio tens of ms, more than an engine step, and a
@@ -71,7 +78,11 @@ class Playground:
 
     def __init__(self, engines: Sequence[Any], worker: EngineThread, frame_interval: float,
                  costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
-                 panel_interval: float = PANEL_INTERVAL_S) -> None:
+                 panel_interval: float = PANEL_INTERVAL_S, visitors: Visitors | None = None,
+                 startup: Any = None) -> None:
+        """`visitors`: the answers streaming (background work waits for none); `startup`:
+        the measurements made once the page serves (`background.StartupWork`), whose results
+        the page and the tiles show once they end."""
         self.engines = {e.config.weights_label: e for e in engines}  # first = default
         self.heads, self.worker = engines[0].head_info(), worker
         self.batched = max_batch > 1
@@ -83,6 +94,7 @@ class Playground:
         # held, not copied: a measurement that ends after start-up (`fill_cost`) joins it
         self.costs = costs if costs is not None else {}
         self.stops = StopFlags()
+        self.visitors, self.startup = visitors or Visitors(), startup
 
     def problems(self, prompt: str, settings: ui.Settings) -> list[str]:
         """Readable reasons to refuse a request (the engine's messages name the parameter)."""
@@ -140,7 +152,8 @@ class Playground:
                 yield pack()  # a run that yields no frame empties every output
                 return
             try:
-                yield from self._answer(turns, user_text, s, stop, from_box)
+                with self.visitors.answering():
+                    yield from self._answer(turns, user_text, s, stop, from_box)
             finally:  # what the answer freed goes back to the system (`memory.py`)
                 memory.trim()
 
@@ -235,7 +248,8 @@ class Playground:
                 yield pack()
                 return
             try:
-                yield from self._race(history, side, stop)
+                with self.visitors.answering():
+                    yield from self._race(history, side, stop)
             finally:
                 memory.trim()
 
@@ -264,7 +278,7 @@ class Playground:
         it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
         plot, the tree and the timing (else they stay as they are). With `base`, the compare
         panel: the race of the two, or, `stopped`, the two side by side."""
-        moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
+        moved = dict(tiles=self._tiles(view.stats, head, speedup, est, weights),
                      plot=step_plot(view.accepted_per_step),
                      tree=ui.tree_svg(view.tree, view.tree_step),
                      timing=ui.timing_html(view.stats)) if panels else {}
@@ -276,6 +290,60 @@ class Playground:
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est,
                                       race_data(*lanes) if lanes and not stopped else None)
                     if status.startswith("Done") else gr.skip())
+
+    def _tiles(self, stats: dict[str, Any], head: str | None, speedup: float | None,
+               est: Estimate | None, weights: str) -> str:
+        """The tiles with the speed figures that hold: no estimate on a CPU answer that the
+        machine's load starved, nor before the start-up measurement it needs; under them,
+        why EAGLE-3 cannot pay here when the start-up measurement or this answer says so."""
+        engine, unknown, note = self.engines[weights], None, None
+        if head is not None:
+            if engine.config.device == "cpu" and starved(stats):
+                unknown, est = ui.MACHINE_BUSY, None
+            elif est is None and speedup is None and self._measuring(weights):
+                unknown = ui.ESTIMATE_PENDING
+            note = self._slower_note(weights, est)
+        return ui.tiles_html(stats, head is not None, speedup, est, unknown, note)
+
+    def _measuring(self, weights: str) -> bool:
+        """The start-up measurement of `weights`' verify cost has not ended yet."""
+        return (weights not in self.costs and self.startup is not None
+                and not self.startup.done.is_set())
+
+    def _slower_note(self, weights: str, est: Estimate | None) -> str | None:
+        """Why EAGLE-3 is slower than plain decoding here, when the start-up measurement of
+        the trees (`autotune.Tuned`) or, without one, this answer's estimate says it is."""
+        engine = self.engines[weights]
+        tuned = engine.tuned
+        m = tuned.measured.get(weights) if tuned and not tuned.loaded else None
+        tree, cost = engine.default_tree, self.costs.get(weights)
+        if m is not None and m.chosen is not None:
+            ratio = m.tree_tok_s[m.chosen] / m.plain_tok_s
+            if ratio < 1:
+                return slower_note(ratio, tree, cost, "measured at start-up on short prompts, "
+                                   "with the fastest tree found")
+            return None
+        if est is not None and est.speedup < 1:
+            return slower_note(est.speedup, tree, cost, "this answer, estimated")
+        return None
+
+    def page_state(self) -> tuple:
+        """What a page opened now shows of the start-up measurements: the sidebar's engine
+        status, the fastest weights and their tree on the sliders."""
+        ranked = self.startup.ranked if self.startup is not None else None
+        weights = (ranked[0] if ranked else next(iter(self.engines.values()))
+                   ).config.weights_label
+        return (self.engine_status(weights), gr.update(value=weights),
+                *self.weights_changed(weights))
+
+    def engine_status(self, weights: str) -> str:
+        """The sidebar's Markdown: the engine, and what the start-up measurement found (or that
+        it is running)."""
+        engine = self.engines[weights]
+        measuring = self.startup is not None and not self.startup.done.is_set()
+        return ui.engine_status(engine.config, len(self.heads), list(self.engines),
+                                engine.tuned and engine.tuned.summary(weights),
+                                self.startup.stage if measuring else None)
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,
              topk: int, num_steps: int, num_draft_tokens: int, temperature: float, top_p: float,

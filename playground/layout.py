@@ -17,7 +17,7 @@ from eagle_engine.config import (
 
 from . import ui_render as ui
 from .handlers import FRAME_INTERVAL_S, OUTPUTS, PANEL_INTERVAL_S, Playground
-from .serving import EngineThread
+from .serving import EngineThread, Visitors
 from .speed_estimate import VerifyCost
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,9 +72,7 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
     drafts = bool(pg.heads)  # the draft settings apply only with a head
     c: dict[str, Any] = {}
     with gr.Sidebar(label="Settings", open=True, width=340, elem_id="sidebar"):
-        gr.Markdown(ui.engine_status(engine.config, len(pg.heads), list(pg.engines),
-                                     engine.tuned and engine.tuned.summary(weights)),
-                    elem_id="engine-status")
+        c["engine_status"] = gr.Markdown(pg.engine_status(weights), elem_id="engine-status")
         c["spec"] = gr.Checkbox(bool(pg.heads), label="Speculative decoding (EAGLE-3)",
                                 interactive=bool(pg.heads), elem_id="spec")
         c["aux"] = gr.Checkbox(aux, label="Aux hidden states", elem_id="aux")
@@ -117,8 +115,8 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
                                         label="Max new tokens", elem_id="max-new-tokens")
         c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
         c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
-                                info=engine.tuned.weights_info() if engine.tuned else
-                                "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
+                                info=(engine.tuned and engine.tuned.weights_info())
+                                or "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
                                 "dense copies", visible=len(pg.engines) > 1,
                                 elem_id="weights")
         c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
@@ -170,15 +168,18 @@ def _main_panel() -> dict[str, Any]:
 def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                frame_interval: float = FRAME_INTERVAL_S,
                costs: dict[str, VerifyCost | None] | None = None, max_batch: int = 1,
-               progress: str = PROGRESS, panel_interval: float = PANEL_INTERVAL_S) -> gr.Blocks:
+               progress: str = PROGRESS, panel_interval: float = PANEL_INTERVAL_S,
+               visitors: Visitors | None = None, startup: Any = None) -> gr.Blocks:
     """The Blocks over `engines` (the first is the default "Target weights"); `costs`: their
     verify costs in plain steps measured at warm-up (`speed_estimate.measure`), keyed like
     engines (a measurement that ends later joins the same dict);
     `max_batch`: how many visitors are answered at once (the chat handlers' concurrency);
     `progress`: Gradio's `show_progress` on the status line while an answer streams;
-    `panel_interval`: how often the panels under the chat move while an answer streams."""
+    `panel_interval`: how often the panels under the chat move while an answer streams;
+    `visitors`, `startup`: the answers streaming and the measurements made once the page
+    serves (`background.StartupWork`), which each page shows as it opens."""
     pg = Playground(engines, worker or EngineThread(), frame_interval, costs, max_batch,
-                    panel_interval)
+                    panel_interval, visitors, startup)
     with gr.Blocks(title="EAGLE-3 Playground", analytics_enabled=False) as demo:
         c = _sidebar(pg)
         o = _main_panel()
@@ -217,8 +218,10 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     tree_io = [c["topk"], c["num_steps"], c["num_draft_tokens"]]
     for trigger in (c["topk"].change, c["num_steps"].change):
         trigger(tree_limits, tree_io, c["num_draft_tokens"], **quiet)
-    c["weights"].change(pg.weights_changed, c["weights"],
-                        [*tree_io, c["min_score"], c["context_extra"], c["step_cut"]], **quiet)
+    tree_all = [*tree_io, c["min_score"], c["context_extra"], c["step_cut"]]
+    c["weights"].change(pg.weights_changed, c["weights"], tree_all, **quiet)
+    # a page opened after the start-up measurement shows its choice of weights and tree
+    demo.load(pg.page_state, None, [c["engine_status"], c["weights"], *tree_all], **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     c["show_rejected"].change(None, c["show_rejected"], None, queue=False,

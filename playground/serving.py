@@ -1,6 +1,7 @@
 """The app's serving machinery: `EngineThread`, the one thread that makes every engine call,
-and `StopFlags`, the Stop button's flags.
-Not here: the handlers (`handlers.py`).
+`Visitors`, the answers being streamed (background work waits for none), and `StopFlags`, the
+Stop button's flags.
+Not here: the handlers (`handlers.py`), the background work (`background.py`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,39 @@ class EngineThread:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue `fn` on the thread without waiting (the scheduler's steps)."""
         return self._pool.submit(fn, *args)
+
+
+class Visitors:
+    """The answers being streamed now (every handler that runs the engine for a visitor holds
+    `answering` while it does), so that background work runs only between them."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._streaming = 0
+        self.started = 0  # answers started since the app began
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        with self._changed:
+            self._streaming += 1
+            self.started += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._streaming -= 1
+                self._changed.notify_all()
+
+    @property
+    def idle(self) -> bool:
+        with self._changed:
+            return self._streaming == 0
+
+    def wait_idle(self) -> int:
+        """Block until no answer streams; the number of answers started by then."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._streaming == 0)
+            return self.started
 
 
 class StopFlags:

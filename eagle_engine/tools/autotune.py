@@ -133,14 +133,15 @@ class Tuned:
                     f"{100 * self.cpu_share:.0f}% of its cores), so the default tree for this "
                     "CPU class stays; a later quiet start measures again")
         m = self.measured[weights]
-        what = "plain "
+        what = "plain decoding "
         if m.chosen is not None:
-            what = f"tree {m.chosen} {m.tree_tok_s[m.chosen]:.0f} tok/s vs plain "
+            what = (f"EAGLE-3 with tree {m.chosen} {m.tree_tok_s[m.chosen]:.0f} tok/s, "
+                    "plain decoding ")
         others = ", ".join(f"{w} {self.measured[w].best_tok_s():.0f}" for w in self.order
                            if w != weights)
         return (f"{what}{m.plain_tok_s:.0f} tok/s"
                 + (f"; other weights: {others} tok/s" if others else "")
-                + f" (measured here at first start, {self.seconds:.0f} s)")
+                + f" ({NEW_TOKENS}-token answers, measured in {self.seconds:.0f} s)")
 
     def weights_info(self) -> str | None:
         """The measured speed of each weight format, fastest first (the sidebar's note)."""
