@@ -31,8 +31,8 @@ from typing import Any
 
 from eagle_engine.tools.bench import provenance, write_report
 from playground import handlers, layout, serving, startup
-from playground.speed_estimate import measure
 from playground import ui_render as ui
+from playground.speed_estimate import measure
 
 LOADS = ("none", "busy", "browser")
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome, ignoring "
