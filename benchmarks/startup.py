@@ -105,7 +105,7 @@ def run(mode: str, n_busy: int, timeout: float, log_path: Path) -> dict:
             token, done = first_answer(url, t0)
             measured = None
             while measured is None and time.perf_counter() - t0 < timeout:
-                if (m := MEASURED.search(log_path.read_text())) is not None:
+                if MEASURED.search(log_path.read_text()) is not None:
                     measured = time.perf_counter() - t0
                 time.sleep(0.5)
         finally:
