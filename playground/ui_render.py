@@ -96,9 +96,10 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
             f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
             f"{' / '.join(weights)} · **CUDA graphs** {graphs}"
             + (f"  \n**Measured at start-up, on short fixed prompts** {weights[0]} weights, "
-               f"{html.escape(tuned)}" if tuned else "")
-            + (f"  \n**Start-up measurement** {html.escape(measuring)}, between visitors' "
-               "answers (yours come first); until it ends the tree is this CPU's default"
+               f"{html.escape(tuned, quote=False)}" if tuned else "")
+            + (f"  \n**Start-up measurement** {html.escape(measuring, quote=False)}, between "
+               "visitors' answers (yours come first); until it ends the tree is this CPU's "
+               "default"
                if measuring else ""))
 
 

@@ -66,3 +66,39 @@ def test_the_first_answer_comes_before_the_start_up_measurement_ends(
     expect(page.locator("#engine-status")).not_to_contain_text("Start-up measurement")
     assert probe.console_errors == []
     page.context.close()
+
+
+def test_a_cpu_where_eagle3_cannot_pay_says_why_under_the_tiles(chromium: Any) -> None:
+    """A start-up measurement in which every tree ran slower than plain decoding (a Zen 1's
+    figures, `test_startup_work.slower_tuned`) and its verify costs: the answer's tiles carry
+    the sentence that says why (UPDATE_SCREENSHOTS=1 writes docs/screenshots/slower_note.png)."""
+    import os
+
+    import gradio as gr
+    from playwright.sync_api import expect
+
+    from tests.app_fixtures import ARTIFACTS, REPO, open_page
+    from tests.test_startup_work import COST, slower_tuned
+
+    engine = RaceEngine(1.0)
+    engine.tuned = slower_tuned("fp32", "eagle3-aux-1layer")
+    demo = layout.build_demo([engine], costs={"fp32": COST})
+    demo.queue(max_size=16, default_concurrency_limit=1)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True,
+                            theme=gr.themes.Soft(), css_paths=[layout.CSS])
+    try:
+        page = open_page(chromium, url).page
+        page.fill("#prompt textarea", "Write a function.")
+        page.click("#send")
+        expect(page.locator("#status")).to_contain_text("Done", timeout=60_000)
+        note = page.locator("#tiles-note")
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("EAGLE-3 runs at 0.87× plain decoding (measured at start-up")
+        expect(note).to_contain_text("each draft token 0.58 of a step")
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = page.locator("#tiles").screenshot(path=str(ARTIFACTS / "slower_note.png"))
+        if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+            (REPO / "docs" / "screenshots" / "slower_note.png").write_bytes(shot)
+        page.context.close()
+    finally:
+        demo.close()

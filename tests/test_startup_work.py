@@ -61,24 +61,35 @@ class Held:
         self.units += 1
 
 
+@pytest.mark.parametrize("stage", ["cost", "tune"])
 def test_a_visitor_is_answered_before_the_measurement_ends(
-        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    held = Held()
-    monkeypatch.setattr(background, "measure", held.measure)
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
+    """The verify cost's measurement, or the tuning after it, runs on until released."""
+    held, weights = Held(), engine.config.weights_label
+    if stage == "cost":
+        monkeypatch.setattr(background, "measure", held.measure)
+    else:
+        monkeypatch.setattr(background, "measure", lambda engine, head, run: COST)
+        monkeypatch.setattr(autotune, "tune", lambda engines, head, call: held.measure(
+            None, head, call) and autotune.Tuned(head, {}, [weights], 1.0, "test CPU", 0.5,
+                                                 True))
     worker, visitors, costs = serving.EngineThread(), serving.Visitors(), {}
-    work = background.StartupWork([engine], "head", worker, visitors, costs, tune=False)
+    work = background.StartupWork([engine], "head", worker, visitors, costs, tune=True)
     pg = handlers.Playground([engine], worker, 0.0, costs, visitors=visitors, startup=work)
     work.start()
     try:
         tiles = final(pg.run([], "hello", settings(engine)), "tiles")
         assert not work.done.is_set() and held.units > 0  # it ran before and around the answer
-        assert "estimate after start-up measurement" in tiles
-        assert "Start-up measurement** measuring the q4 target" in pg.page_state()[0]
+        assert ("estimate after start-up measurement" in tiles) == (stage == "cost")
+        assert {"cost": "Start-up measurement** measuring the q4 target's verify cost",
+                "tune": "Start-up measurement** measuring which weights and tree decode "
+                "fastest here"}[stage] in pg.page_state()[0]
     finally:
         held.release.set()
-    assert work.done.wait(60) and costs == {engine.config.weights_label: COST}
+    assert work.done.wait(60) and costs == {weights: COST}
     assert "≈" in final(pg.run([], "hello", settings(engine)), "tiles")  # the estimate now
     assert "Start-up measurement" not in pg.page_state()[0]
+    engine.tuned = None
 
 
 def test_a_decoding_during_which_an_answer_started_runs_again() -> None:

@@ -129,8 +129,9 @@ class Tuned:
     def summary(self, weights: str) -> str:
         """One line for the status bar: why this weight format and tree."""
         if self.loaded:
-            return (f"not measured: the machine was busy (this process got "
-                    f"{100 * self.cpu_share:.0f}% of its cores), so the default tree for this "
+            why = (f"this process got {100 * self.cpu_share:.0f}% of its cores"
+                   if self.cpu_share < STARVED_BELOW else "other processes took the cores")
+            return (f"not measured: the machine was busy ({why}), so the default tree for this "
                     "CPU class stays; a later quiet start measures again")
         m = self.measured[weights]
         what = "plain decoding "
@@ -192,8 +193,10 @@ class Loaded(Exception):
     """The process did not get its cores while measuring: the figures would rank the load, not
     the trees."""
 
-    def __init__(self, share: float) -> None:
-        super().__init__(f"this process got {100 * share:.0f}% of its cores while measuring")
+    def __init__(self, share: float, thinned: bool = False) -> None:
+        super().__init__("the engine stepped on fewer threads: other processes took the cores"
+                         if thinned else
+                         f"this process got {100 * share:.0f}% of its cores while measuring")
         self.share = share
 
 
@@ -223,7 +226,7 @@ class Meter:
         self.cpu_s += reading.cpu_s
         self.core_s += reading.wall_s * reading.threads
         if thinned or (self.core_s >= MIN_CORE_S and self.share < STARVED_BELOW):
-            raise Loaded(self.share)
+            raise Loaded(self.share, thinned)
         return out
 
 
