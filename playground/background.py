@@ -64,13 +64,13 @@ class StartupWork:
                     self.stage = "measuring which weights and tree decode fastest here"
                     tuned = autotune.tune(self.engines, self.head, call=self.call)
                     self.ranked = autotune.apply(self.engines, tuned)
-            log.info("start-up measurements done in %.1f s, between visitors' answers",
-                     time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - runs unobserved; the app serves on without them
             log.exception("a start-up measurement failed (%s)", self.stage)
         finally:
             self.stage = "done"
             self.done.set()
+            log.info("start-up measurements done in %.1f s, between visitors' answers",
+                     time.perf_counter() - t0)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="startup-measurements", daemon=True)
