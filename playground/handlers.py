@@ -26,7 +26,7 @@ from eagle_engine.events import StepEvent
 
 from . import ui_render as ui
 from .conversation import conversation_ids, fit_prompt, turns_text
-from .race import Lane, compare_html, live_html, race_data, result_text
+from .race import Lane, compare_html, race_data, recording_html, recording_text
 from .serving import EngineThread, StopFlags
 from .speed_estimate import Estimate, VerifyCost, estimate, measured_speedup
 
@@ -184,7 +184,11 @@ class Playground:
             turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling,
                                  "weights": s.weights, "estimate": est}
         if head is not None and s.compare and not cut(view):
-            base = yield from self._plain_run(engine, ids, sampling, stop)
+            # the whole answer in the chat while plain decoding is recorded; the panels wait
+            # for the last frame, so that drawing them takes no time from plain decoding
+            yield self._frame(turns, recording_text(0, view.num_tokens), view, head, None,
+                              s.weights, est, panels=False)
+            base = yield from self._plain_run(engine, ids, sampling, stop, view.num_tokens)
             if not cut(base):
                 speedup = measured_speedup(view.stats, base.stats)
         if cut(view) or (base is not None and cut(base)):
@@ -208,21 +212,27 @@ class Playground:
                           sampling.greedy)
 
     def _plain_run(self, engine: Any, ids: list[int], sampling: SamplingParams,
-                   stop: threading.Event) -> Generator[tuple, None, ui.AnswerView]:
-        """Plain decoding of an answer's prompt for its race, streamed into the compare panel
-        (its tokens alone, so that the page draws about what it drew for the answer); returns
-        its view."""
+                   stop: threading.Event, total: int) -> Generator[tuple, None, ui.AnswerView]:
+        """Plain decoding of an answer's prompt for its race, recorded: the status line and the
+        compare panel count its tokens against the answer's `total`, and its tokens show once,
+        in the replay (the page draws less than while the answer streamed, so the browser
+        takes no more time from plain decoding than from the answer); returns its view."""
         base = ui.AnswerView()
+
+        def progress() -> tuple:
+            return pack(status=recording_text(base.num_tokens, total),
+                        compare=recording_html(base.num_tokens, total))
+        yield progress()
         with closing(self._steps(engine, ids, sampling, None, None)) as events:
             for _ in paced(events, base.add, self.frame_interval, stop):
-                yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
-                           compare=live_html(base))
+                yield progress()
         return base
 
     def race(self, history: list[dict], request: gr.Request | None = None) -> Iterator[tuple]:
         """The Race button: plain decoding of the last answer's prompt (with that answer's
-        sampling and target weights), then the race of the two in the compare panel and the
-        measured speedup in the tiles, beside the answer's estimate."""
+        sampling and target weights), recorded, then the race of the two in the compare panel
+        and the measured speedup in the tiles, beside the answer's estimate (the page shows the
+        outcome once the replay ends)."""
         side = history[-1].get("race") if history else None
         if side is None:
             gr.Warning("The race needs a whole EAGLE-3 answer: send a message with speculative "
@@ -245,15 +255,15 @@ class Playground:
             raise gr.Error(f"target weights {side['weights']!r} are not loaded")
         engine, turn = self.engines[side["weights"]], history[-1]
         ids = conversation_ids(engine, history[:-1], turn["user"], turn.get("left_out", 0))
-        base = yield from self._plain_run(engine, ids, sampling, stop)
+        base = yield from self._plain_run(engine, ids, sampling, stop, eagle.num_tokens)
         plain = Lane.of(base)
         if stop.is_set() and not base.finished:
             yield pack(status=f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}.",
                        compare=compare_html(eagle, plain, sampling.greedy, stopped=True))
             return
         speedup = measured_speedup(eagle.stats, base.stats)
-        yield pack(status=f"Race ready · {result_text(eagle, plain)}",
-                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"]),
+        yield pack(status="Race recorded · see the replay below.",
+                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"], held=True),
                    compare=compare_html(eagle, plain, sampling.greedy))
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
@@ -263,18 +273,20 @@ class Playground:
         """`sent`: the answer's first frame, which empties the message box; later frames leave
         it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
         plot, the tree and the timing (else they stay as they are). With `base`, the compare
-        panel: the race of the two, or, `stopped`, the two side by side."""
-        moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est),
+        panel: the race of the two (the tiles' measured speedup held until its replay ends),
+        or, `stopped`, the two side by side."""
+        lanes = (Lane.of(view), Lane.of(base)) if base else None
+        raced = lanes is not None and not stopped
+        moved = dict(tiles=ui.tiles_html(view.stats, head is not None, speedup, est, raced),
                      plot=step_plot(view.accepted_per_step),
                      tree=ui.tree_svg(view.tree, view.tree_step),
                      timing=ui.timing_html(view.stats)) if panels else {}
-        lanes = (Lane.of(view), Lane.of(base)) if base else None
         return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
                     history=turns, status=status, **moved,
                     # an answer without its baseline (yet) clears the last answer's compare
                     compare=compare_html(*lanes, greedy, stopped) if lanes else "",
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est,
-                                      race_data(*lanes) if lanes and not stopped else None)
+                                      race_data(*lanes) if raced else None)
                     if status.startswith("Done") else gr.skip())
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,

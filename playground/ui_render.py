@@ -175,12 +175,15 @@ def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
 
 
 def speedup_tile(speedup: float | None, estimate: Estimate | None,
-                 stats: dict[str, Any]) -> str:
+                 stats: dict[str, Any], held: bool = False) -> str:
     """The measured speedup when the baseline ran (with the estimate beside it), else the
-    estimate, marked as one."""
+    estimate, marked as one. `held`: the measured value sits in a `race-held` element, hidden
+    while the race panel replays the two runs (assets/style.css)."""
     if speedup:
         shown = f"; estimate ≈{estimate.speedup:.2f}×" if estimate else ""
-        return _tile("tile-speedup", f"{speedup:.2f}×", f"speedup vs baseline (measured{shown})",
+        value = f"{speedup:.2f}×"
+        value = f'<span class="race-held">{value}</span>' if held else value
+        return _tile("tile-speedup", value, f"speedup vs baseline (measured{shown})",
                      ("the baseline's time for these tokens ÷ this answer's engine time, both "
                       "measured on this prompt; both count this answer's prefill (the baseline "
                       "ran second, with the prompt already cached)"))
@@ -195,7 +198,7 @@ def speedup_tile(speedup: float | None, estimate: Estimate | None,
 
 
 def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
-               estimate: Estimate | None = None) -> str:
+               estimate: Estimate | None = None, held: bool = False) -> str:
     rate = acceptance_rate(stats) if eagle else None
     tau = stats.get("tau", 0.0)
     tiles = [
@@ -205,7 +208,7 @@ def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
               "tokens per target forward (accepted drafts + 1)"),
         _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",
               "accepted draft tokens / (steps × draft depth)"),
-        speedup_tile(speedup, estimate if eagle else None, stats),
+        speedup_tile(speedup, estimate if eagle else None, stats, held),
     ]
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
