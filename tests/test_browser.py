@@ -103,8 +103,8 @@ def test_another_target_without_heads_answers_alone(
     bundled heads stay out, the page offers the target alone with the draft settings off, and
     an example sent from it is answered. Without a head "Draft layers" once lost its choices
     and Gradio refused every Send with an "Error" toast."""
-    from playground.layout import EXAMPLES
     from eagle_engine.models.loader import resolve_target
+    from playground.layout import EXAMPLES
     from tests.app_fixtures import open_page, running_app
 
     args = ["--target", str(resolve_target("bundled")), "--no-tune", "--max-len", "512"]
@@ -400,9 +400,9 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
 
 def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None:
     """The sidebar offers the dense copy beside the default q4 target, and says which tree was
-    measured fastest here (the app's first start, `eagle_engine/tools/autotune.py`): the tree sliders
-    (the min draft probability too) start at it, choosing the dense copy moves them to the
-    dense tree (the slower format's static default, the only tree measured for it) and the
+    measured fastest here (the app's first start, `eagle_engine/tools/autotune.py`): the tree
+    sliders (the min draft probability too) start at it, choosing the dense copy moves them to
+    the dense tree (the slower format's static default, the only tree measured for it) and the
     answer comes from the dense target; choosing q4 again brings the measured tree back."""
     from eagle_engine.config import EngineConfig, TreeParams
 
