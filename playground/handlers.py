@@ -26,7 +26,7 @@ from eagle_engine.events import StepEvent
 
 from . import ui_render as ui
 from .conversation import conversation_ids, fit_prompt, turns_text
-from .race import Lane, compare_html, live_html, race_data, result_text
+from .race import Lane, compare_html, race_data, recording_html, recording_text
 from .serving import EngineThread, StopFlags, Visitors
 from .speed_estimate import (
     Estimate,
@@ -194,10 +194,14 @@ class Playground:
         est = estimate(cost, len(ids), view.verifies, view.stats) if head else None
         speedup, base = None, None
         if head is not None and not cut(view):
-            turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling,
+            turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling, "head": head,
                                  "weights": s.weights, "estimate": est}
         if head is not None and s.compare and not cut(view):
-            base = yield from self._plain_run(engine, ids, sampling, stop)
+            # the whole answer in the chat while plain decoding is recorded; the panels wait
+            # for the last frame, so that drawing them takes no time from plain decoding
+            yield self._frame(turns, recording_text(0, view.num_tokens), view, head, None,
+                              s.weights, est, panels=False)
+            base = yield from self._plain_run(engine, ids, sampling, stop, view.num_tokens)
             if not cut(base):
                 speedup = measured_speedup(view.stats, base.stats)
         if cut(view) or (base is not None and cut(base)):
@@ -221,21 +225,27 @@ class Playground:
                           sampling.greedy)
 
     def _plain_run(self, engine: Any, ids: list[int], sampling: SamplingParams,
-                   stop: threading.Event) -> Generator[tuple, None, ui.AnswerView]:
-        """Plain decoding of an answer's prompt for its race, streamed into the compare panel
-        (its tokens alone, so that the page draws about what it drew for the answer); returns
-        its view."""
+                   stop: threading.Event, total: int) -> Generator[tuple, None, ui.AnswerView]:
+        """Plain decoding of an answer's prompt for its race, recorded: the status line and the
+        compare panel count its tokens against the answer's `total`, and its tokens show once,
+        in the replay (the page draws less than while the answer streamed, so the browser
+        takes no more time from plain decoding than from the answer); returns its view."""
         base = ui.AnswerView()
+
+        def progress() -> tuple:
+            return pack(status=recording_text(base.num_tokens, total),
+                        compare=recording_html(base.num_tokens, total))
+        yield progress()
         with closing(self._steps(engine, ids, sampling, None, None)) as events:
             for _ in paced(events, base.add, self.frame_interval, stop):
-                yield pack(status=f"Baseline… {ui.tokens_text(base.num_tokens)}",
-                           compare=live_html(base))
+                yield progress()
         return base
 
     def race(self, history: list[dict], request: gr.Request | None = None) -> Iterator[tuple]:
         """The Race button: plain decoding of the last answer's prompt (with that answer's
-        sampling and target weights), then the race of the two in the compare panel and the
-        measured speedup in the tiles, beside the answer's estimate."""
+        sampling and target weights), recorded, then the race of the two in the compare panel
+        and the measured speedup in the tiles, beside the answer's estimate (the page shows the
+        outcome once the replay ends)."""
         side = history[-1].get("race") if history else None
         if side is None:
             gr.Warning("The race needs a whole EAGLE-3 answer: send a message with speculative "
@@ -259,15 +269,16 @@ class Playground:
             raise gr.Error(f"target weights {side['weights']!r} are not loaded")
         engine, turn = self.engines[side["weights"]], history[-1]
         ids = conversation_ids(engine, history[:-1], turn["user"], turn.get("left_out", 0))
-        base = yield from self._plain_run(engine, ids, sampling, stop)
+        base = yield from self._plain_run(engine, ids, sampling, stop, eagle.num_tokens)
         plain = Lane.of(base)
         if stop.is_set() and not base.finished:
             yield pack(status=f"Stopped the baseline after {ui.tokens_text(base.num_tokens)}.",
                        compare=compare_html(eagle, plain, sampling.greedy, stopped=True))
             return
         speedup = measured_speedup(eagle.stats, base.stats)
-        yield pack(status=f"Race ready · {result_text(eagle, plain)}",
-                   tiles=ui.tiles_html(eagle.stats, True, speedup, side["estimate"]),
+        yield pack(status="Race recorded · see the replay below.",
+                   tiles=self._tiles(eagle.stats, side["head"], speedup, side["estimate"],
+                                     side["weights"], held=True),
                    compare=compare_html(eagle, plain, sampling.greedy))
 
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
@@ -277,25 +288,28 @@ class Playground:
         """`sent`: the answer's first frame, which empties the message box; later frames leave
         it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
         plot, the tree and the timing (else they stay as they are). With `base`, the compare
-        panel: the race of the two, or, `stopped`, the two side by side."""
-        moved = dict(tiles=self._tiles(view.stats, head, speedup, est, weights),
+        panel: the race of the two (the tiles' measured speedup held until its replay ends),
+        or, `stopped`, the two side by side."""
+        lanes = (Lane.of(view), Lane.of(base)) if base else None
+        raced = lanes is not None and not stopped
+        moved = dict(tiles=self._tiles(view.stats, head, speedup, est, weights, raced),
                      plot=step_plot(view.accepted_per_step),
                      tree=ui.tree_svg(view.tree, view.tree_step),
                      timing=ui.timing_html(view.stats)) if panels else {}
-        lanes = (Lane.of(view), Lane.of(base)) if base else None
         return pack(prompt="" if sent else gr.skip(), chat=ui.chat_display(turns),
                     history=turns, status=status, **moved,
                     # an answer without its baseline (yet) clears the last answer's compare
                     compare=compare_html(*lanes, greedy, stopped) if lanes else "",
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est,
-                                      race_data(*lanes) if lanes and not stopped else None)
+                                      race_data(*lanes) if raced else None)
                     if status.startswith("Done") else gr.skip())
 
     def _tiles(self, stats: dict[str, Any], head: str | None, speedup: float | None,
-               est: Estimate | None, weights: str) -> str:
+               est: Estimate | None, weights: str, held: bool = False) -> str:
         """The tiles with the speed figures that hold: no estimate on a CPU answer that the
         machine's load starved, nor before the start-up measurement it needs; under them,
-        why EAGLE-3 cannot pay here when the start-up measurement or this answer says so."""
+        why EAGLE-3 cannot pay here when the start-up measurement or this answer says so.
+        `held`: a raced speedup stays hidden until the race's replay ends."""
         engine, unknown, note = self.engines[weights], None, None
         if head is not None:
             if engine.config.device == "cpu" and starved(stats):
@@ -303,7 +317,7 @@ class Playground:
             elif est is None and speedup is None and self._measuring(weights):
                 unknown = ui.ESTIMATE_PENDING
             note = self._slower_note(weights, est)
-        return ui.tiles_html(stats, head is not None, speedup, est, unknown, note)
+        return ui.tiles_html(stats, head is not None, speedup, est, unknown, note, held)
 
     def _measuring(self, weights: str) -> bool:
         """The start-up measurement of `weights`' verify cost has not ended yet."""

@@ -3,12 +3,14 @@
 Owns what a run leaves for the race (`Lane`: its text, spans and stats, and per event the
 engine's seconds on the run after it and the token elements drawn so far, all from the run's own
 events), the recorded timings the page replays (`race_data`), the comparison panel that carries
-them (`compare_html`: both answers side by side, the greedy-identity verdict and who finished
-first) and the panel while plain decoding runs (`live_html`). The server sends a race once;
-the page's script (assets/race.js) replays it in the browser, so the replay costs the engine
-nothing. Pure functions of plain data; every piece of model text is HTML-escaped by
-`ui_render`. Not here: running the two answers (`handlers.py`) or drawing token spans
-(`ui_render.py`).
+them (`compare_html`: both answers side by side, the greedy-identity verdict, who finished
+first, the Replay button and its speeds) and the progress line while plain decoding is recorded
+(`recording_text`, `recording_html`: a count, not its tokens, so the visitor watches plain
+decoding once, in the replay). The server sends a race once, drawn finished but `waiting`: its
+outcome stays hidden (assets/style.css) until the page's script (assets/race.js) has replayed
+it in the browser, which costs the engine nothing. Pure functions of plain data; every piece of
+model text is HTML-escaped by `ui_render`. Not here: running the two answers (`handlers.py`),
+drawing token spans and the speedup tile (`ui_render.py`) or the replay itself (race.js).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .ui_render import AnswerView, first_difference, tokens_text
+
+REPLAY_SPEEDS = (1, 2, 4)  # the replay's choices, in multiples of the recorded pace
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,21 @@ def _column(title: str, lane: Lane, col_id: str, name: str, done_at: float | Non
             f'<div class="spec-answer">{lane.html}</div></div>')
 
 
+def _speeds() -> str:
+    """The replay's speed choices; 1× pressed (the page keeps a visitor's choice)."""
+    buttons = "".join(f'<button type="button" data-speed="{x}" aria-pressed="{str(x == 1).lower()}"'
+                      f' title="replay at {x}× the recorded pace">{x}×</button>'
+                      for x in REPLAY_SPEEDS)
+    return f'<span class="race-speed" role="group" aria-label="Replay speed">{buttons}</span>'
+
+
 def compare_html(eagle: Lane, plain: Lane, greedy: bool, stopped: bool = False) -> str:
     """Both answers side by side with the verdict. A whole plain run (not `stopped`) makes a
     race: the panel carries its recorded timings (`race_data`) for the page to replay, a
-    replay button and the result; drawn here as the race ends (each column's finish, the
-    clock at the last), which the page's replay ends on too."""
+    replay button with its speeds and the result; drawn here as the race ends (each column's
+    finish, the clock at the last), which the page's replay ends on too, and `waiting`: until
+    the page plays or shows it, the outcome (verdict, result, each column's stats and finish)
+    is hidden."""
     verdict = html.escape(verdict_text(eagle, plain, greedy, stopped))
     ends = (None, None) if stopped else (eagle.end_s, plain.end_s + plain_offset(eagle, plain))
     cols = (f'<div class="compare-cols">'
@@ -116,8 +130,8 @@ def compare_html(eagle: Lane, plain: Lane, greedy: bool, stopped: bool = False) 
         return (f'<div class="compare"><div class="compare-verdict">{verdict}</div>{cols}'
                 '</div>')
     data = html.escape(json.dumps(race_data(eagle, plain), separators=(",", ":")))
-    return (f'<div class="compare race" data-race="{data}"><div class="race-head">'
-            '<button type="button" class="race-play">▶ Replay the race</button>'
+    return (f'<div class="compare race waiting" data-race="{data}"><div class="race-head">'
+            f'<button type="button" class="race-play">▶ Replay the race</button>{_speeds()}'
             f'<span class="race-clock" aria-live="off">{max(ends):.2f} s</span>'
             '<span class="race-note">each '
             "side at its own recorded pace: every step appears at the engine time it was "
@@ -126,8 +140,14 @@ def compare_html(eagle: Lane, plain: Lane, greedy: bool, stopped: bool = False) 
             f'<div class="race-result">{html.escape(result_text(eagle, plain))}</div></div>')
 
 
-def live_html(plain: AnswerView) -> str:
-    """The panel while plain decoding of the same prompt runs: its tokens so far."""
-    return (f'<div class="compare race-live"><div class="compare-verdict">Plain decoding of the '
-            f'same prompt, for the race… {tokens_text(plain.num_tokens)}</div>'
-            f'<div class="spec-answer">{plain.html()}</div></div>')
+def recording_text(done: int, total: int) -> str:
+    """Where the recording of plain decoding stands: `done` of its tokens against the answer's
+    `total` (sampling may take plain decoding past it)."""
+    count = f"{done} of {tokens_text(total)}" if done <= total else tokens_text(done)
+    return f"Recording plain decoding of the same prompt for the race… {count}"
+
+
+def recording_html(done: int, total: int) -> str:
+    """The panel while plain decoding is recorded: one progress line (`recording_text`)."""
+    return (f'<div class="compare race-recording"><div class="race-progress">'
+            f'{recording_text(done, total)}</div></div>')

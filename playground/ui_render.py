@@ -179,12 +179,18 @@ def _tile(tile_id: str, value: str, label: str, hint: str) -> str:
 
 
 def speedup_tile(speedup: float | None, estimate: Estimate | None,
-                 stats: dict[str, Any], unknown: str | None = None) -> str:
+                 stats: dict[str, Any], unknown: str | None = None, held: bool = False
+                 ) -> str:
     """The measured speedup when the race ran (with the estimate beside it), else the
-    estimate, each named for what it is; else `unknown`, why there is no figure."""
+    estimate, each named for what it is; else `unknown`, why there is no figure. `held`: the
+    measured value sits in a `race-held` element, hidden while the race panel replays the two
+    runs (assets/style.css)."""
     if speedup:
-        shown = f"; estimated ≈{estimate.speedup:.2f}×" if estimate else ""
-        return _tile("tile-speedup", f"{speedup:.2f}×", f"this answer, raced{shown}",
+        shown = (f"; estimated ≈{estimate.speedup:.2f}×" if estimate
+                 else f"; {unknown}" if unknown == MACHINE_BUSY else "")
+        value = f"{speedup:.2f}×"
+        value = f'<span class="race-held">{value}</span>' if held else value
+        return _tile("tile-speedup", value, f"this answer, raced{shown}",
                      ("plain decoding's time for these tokens ÷ this answer's engine time, both "
                       "measured on this prompt; both count this answer's prefill (plain "
                       "decoding ran second, with the prompt already cached)"))
@@ -218,9 +224,10 @@ ESTIMATE_VS_STARTUP = ("The sidebar's start-up figures time short, fixed prompts
 
 def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
                estimate: Estimate | None = None, unknown: str | None = None,
-               note: str | None = None) -> str:
+               note: str | None = None, held: bool = False) -> str:
     """The answer's tiles; `unknown`: why an EAGLE-3 answer shows no speedup (`speedup_tile`);
-    `note`: a sentence under them (why EAGLE-3 cannot pay on this machine)."""
+    `note`: a sentence under them (why EAGLE-3 cannot pay on this machine); `held`: a raced
+    speedup hidden until the race's replay ends."""
     rate = acceptance_rate(stats) if eagle else None
     tau = stats.get("tau", 0.0)
     tiles = [
@@ -230,7 +237,8 @@ def tiles_html(stats: dict[str, Any], eagle: bool, speedup: float | None = None,
               "tokens per target forward (accepted drafts + 1)"),
         _tile("tile-acc", f"{100 * rate:.0f}%" if rate is not None else "—", "acceptance rate",
               "accepted draft tokens / (steps × draft depth)"),
-        speedup_tile(speedup, estimate if eagle else None, stats, unknown if eagle else None),
+        speedup_tile(speedup, estimate if eagle else None, stats, unknown if eagle else None,
+                     held),
     ]
     below = f'<div class="tiles-note" id="tiles-note">{html.escape(note)}</div>' if note else ""
     return f'<div class="tiles">{"".join(tiles)}</div>{below}'

@@ -42,6 +42,15 @@ def torch_single_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The playground judges answers as on a quiet machine, whatever else runs on the cores
+    (tests of its judgement: tests/test_startup_work.py)."""
+    from playground import handlers
+
+    monkeypatch.setattr(handlers, "starved", lambda stats: False)
+
+
 @pytest.fixture(scope="session")
 def bundled_dir() -> Path:
     """The bundled SmolLM2-135M-Instruct as an HF directory (converted once from its GGUF)."""

@@ -127,9 +127,11 @@ def test_answers_carry_an_estimated_and_a_measured_speedup(app_server: AppServer
     est, measured = run["speedup_estimate"], run["speedup"]
     assert est > 0 and measured > 0, run
     assert f"{measured:.2f}×" in final[OUT["tiles"]]
-    assert f"(measured; estimate ≈{est:.2f}×)" in final[OUT["tiles"]]
+    busy = "the machine is busy" in final[OUT["tiles"]]  # beside busy processes: no estimate
+    assert busy or f"this answer, raced; estimated ≈{est:.2f}×" in final[OUT["tiles"]]
     alone = app_server.client().predict(PROMPT, max_new_tokens=8, api_name="/chat")
-    assert "≈" in alone[OUT["tiles"]] and "estimate" in alone[OUT["tiles"]]
+    tiles = alone[OUT["tiles"]]
+    assert ("≈" in tiles and "estimated" in tiles) or "the machine is busy" in tiles
 
 
 def test_context_drafts_toggle(app_server: AppServer) -> None:
@@ -622,13 +624,13 @@ def test_speedup_tile_shows_the_estimate_until_a_measured_speedup_replaces_it() 
     stats = {"num_tokens": 41, "elapsed_s": 0.3, "tau": 1.5, "tokens_per_s": 136.7}
     est = Estimate(1.37, 0.41, 0.2, 5.25, 7.1, 6.5, 1.35)
     tile = ui.tiles_html(stats, True, None, est)
-    assert "≈1.37×" in tile and "estimate</span>" in tile
+    assert "≈1.37×" in tile and "estimated</span>" in tile
     assert "Estimated, not measured" in tile and "40 steps × 5.2 ms" in tile
     assert "took 7.1 ms on average over 6.5 tree rows" in tile and "cost 1.35 plain" in tile
     measured = ui.tiles_html(stats, True, 1.21, est)
     assert '<div class="tile-value">1.21×</div>' in measured
-    assert "(measured; estimate ≈1.37×)" in measured
-    assert "(measured)" in ui.tiles_html(stats, True, 1.21, None)
+    assert "this answer, raced; estimated ≈1.37×" in measured
+    assert "this answer, raced</div>" in ui.tiles_html(stats, True, 1.21, None)
     assert "≈" not in ui.tiles_html(stats, False, None, est)  # the baseline has no speedup
 
 

@@ -20,7 +20,10 @@ import pytest
 from eagle_engine.engine import EagleEngine
 from playground import conversation, handlers, serving
 from tests.helpers import ByteTokenizer
-from tests.test_app_batch import QUESTIONS, answer, engine, settings  # noqa: F401 (fixture)
+from tests.test_app_batch import QUESTIONS, answer, settings
+from tests.test_app_batch import engine as engine  # the fixture
+
+RECORDING = "Recording plain decoding"  # the status line while the race's plain run records
 
 
 @pytest.mark.parametrize("max_batch", [1, 4], ids=["alone", "scheduler"])
@@ -33,7 +36,8 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     is out, and the engine answers the next message in full. A Stop with nothing streaming
     says in a toast that a message waiting in the queue cannot be taken back."""
     s = dataclasses.replace(settings(engine, True), max_new_tokens=48, compare=compare)
-    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0, max_batch=max_batch)
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0,
+                             max_batch=max_batch)
     frames = pg.run([], QUESTIONS[3], s, session="visitor")
     first_out, go_on, pulled = threading.Event(), threading.Event(), []
 
@@ -49,11 +53,12 @@ def test_stop_ends_the_answer_with_a_last_frame(engine: EagleEngine, max_batch: 
     go_on.set()
     assert pg.stops.stop("visitor", timeout=60), "the answer ended by itself after Stop"
     thread.join(timeout=60)
-    status, history, run = (pulled[-1][handlers.OUTPUTS.index(k)] for k in ("status", "history", "run"))
+    status, history, run = (pulled[-1][handlers.OUTPUTS.index(k)]
+                            for k in ("status", "history", "run"))
     n = history[-1]["tokens"]
     assert status.startswith(f"Stopped after {n} token") and "ready" in status, status
     assert 0 < n < 48 and "text" not in run, "a stopped answer leaves no run record"
-    assert not any(str(f[handlers.OUTPUTS.index("status")]).startswith("Baseline") for f in pulled)
+    assert not any(str(f[handlers.OUTPUTS.index("status")]).startswith(RECORDING) for f in pulled)
     assert not pg.stops.stop("visitor", timeout=1), "nothing streams: Stop finds no answer"
     said: list[str] = []
     monkeypatch.setattr(gr, "Info", said.append)
@@ -79,7 +84,7 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
     def visitor() -> None:
         for frame in frames:
             pulled.append(frame)
-            if str(frame[status_at]).startswith("Baseline") and not baseline_out.is_set():
+            if str(frame[status_at]).startswith(RECORDING) and not baseline_out.is_set():
                 baseline_out.set()
                 go_on.wait(60)  # Stop comes while the baseline streams
     thread = threading.Thread(target=visitor)
@@ -100,8 +105,8 @@ def test_stop_during_the_baseline_keeps_the_answer_and_compares_its_start(
 
 def test_an_answer_without_its_baseline_clears_the_last_compare(engine: EagleEngine) -> None:
     s = settings(engine, True)
-    pg, at = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0), handlers.OUTPUTS.index(
-        "compare")
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
+    at = handlers.OUTPUTS.index("compare")
     compared = list(pg.run([], QUESTIONS[0], dataclasses.replace(s, compare=True)))
     assert "compare-verdict" in compared[-1][at]
     assert all(frame[at] == "" for frame in pg.run([], QUESTIONS[1], s))
@@ -126,7 +131,8 @@ def test_a_conversation_past_the_window_leaves_its_oldest_turns_out(
     reserve, window = 24 + s.num_draft_tokens, engine.config.max_len
 
     def prompt_len(kept: list[dict]) -> int:
-        return len(engine.encode(conversation.chat_messages(kept) + [{"role": "user", "content": "why"}]))
+        return len(engine.encode(conversation.chat_messages(kept)
+                                 + [{"role": "user", "content": "why"}]))
     ids, left_out = conversation.fit_prompt(engine, turns, "why", reserve)
     assert 0 < left_out < len(turns) and len(ids) == prompt_len(turns[left_out:])
     # the fewest turns out that leave a quarter of the window for the next turns
@@ -170,8 +176,8 @@ def test_only_the_first_frame_of_a_sent_message_empties_the_message_box(
         engine: EagleEngine) -> None:
     """What the visitor types while an answer streams stays in the box; Regenerate leaves the
     box alone."""
-    pg, at = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0), handlers.OUTPUTS.index(
-        "prompt")
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
+    at = handlers.OUTPUTS.index("prompt")
     sent = [frame[at] for frame in pg.run([], QUESTIONS[0], settings(engine, True))]
     assert len(sent) > 2 and sent[0] == "" and all(p == gr.skip() for p in sent[1:])
     again = pg.run([], QUESTIONS[0], settings(engine, True), from_box=False)

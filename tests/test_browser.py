@@ -103,8 +103,8 @@ def test_another_target_without_heads_answers_alone(
     bundled heads stay out, the page offers the target alone with the draft settings off, and
     an example sent from it is answered. Without a head "Draft layers" once lost its choices
     and Gradio refused every Send with an "Error" toast."""
-    from playground.layout import EXAMPLES
     from eagle_engine.models.loader import resolve_target
+    from playground.layout import EXAMPLES
     from tests.app_fixtures import open_page, running_app
 
     args = ["--target", str(resolve_target("bundled")), "--no-tune", "--max-len", "512"]
@@ -254,7 +254,7 @@ def test_answer_streams_with_three_token_kinds(probe: PageProbe, app_server: App
     expect()(page.locator("#timing")).to_contain_text("verify")
     ex = expect()
     ex(page.locator("#tile-speedup .tile-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
-    ex(page.locator("#tile-speedup")).to_contain_text("(measured; estimate ≈")
+    ex(page.locator("#tile-speedup")).to_contain_text("this answer, raced")
     # the race of the two real runs: Replay plays it (this page asks for reduced motion, so
     # it arrived finished); the pane with the shorter recorded time finishes first
     race = page.locator("#compare-out .race")
@@ -312,18 +312,26 @@ def test_code_answer_reads_as_code_with_an_estimated_speedup(probe: PageProbe) -
                      mark.get_attribute("title"))
     ex(mark).to_have_css("text-decoration-line", "none")
     tile = page.locator("#tile-speedup")
-    ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^≈\d+\.\d\d×$"))
-    ex(tile.locator(".est-badge")).to_have_text("estimated")
-    assert "Estimated, not measured" in (tile.get_attribute("title") or "")
+    # beside busy processes (`make test` under load) the tile says so instead of a ratio
+    ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^(≈\d+\.\d\d×|busy)$"))
+    busy = tile.locator(".tile-value").inner_text() == "busy"
+    if busy:
+        ex(tile).to_contain_text("the machine is busy; timings are unreliable")
+    else:
+        ex(tile.locator(".est-badge")).to_have_text("estimated")
+        assert "Estimated, not measured" in (tile.get_attribute("title") or "")
     page.locator("#chat [data-testid='bot']").first.scroll_into_view_if_needed()
     assert page.evaluate(LABEL_OVER_FIRST_LINE_JS) == 0
     estimated = tile.locator(".tile-value").inner_text()
     page.click("#race-btn")
-    ex(page.locator("#status")).to_contain_text("Race ready", timeout=DONE_TIMEOUT_MS)
+    ex(page.locator("#status")).to_contain_text("Race recorded", timeout=DONE_TIMEOUT_MS)
     ex(tile.locator(".tile-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
-    ex(tile).to_contain_text(f"(measured; estimate {estimated})")
+    ex(tile.locator(".race-held")).to_be_visible()  # reduced motion: the race shows finished
+    ex(tile).to_contain_text("this answer, raced" if busy
+                             else f"this answer, raced; estimated {estimated}")
     race = page.locator("#compare-out .race")
     ex(race.locator(".race-result")).to_contain_text("finished")
+    ex(race.locator(".race-result")).to_be_visible()
     page.locator("#tiles").scroll_into_view_if_needed()
     page.locator("#sidebar").evaluate(  # from its top: setting max new tokens scrolled it
         "(e) => [e, ...e.querySelectorAll('*')].forEach((n) => { n.scrollTop = 0; })")
@@ -398,17 +406,25 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
 
 def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None:
     """The sidebar offers the dense copy beside the default q4 target, and says which tree was
-    measured fastest here (the app's first start, `eagle_engine/tools/autotune.py`): the tree sliders
-    (the min draft probability too) start at it, choosing the dense copy moves them to the
-    dense tree (the slower format's static default, the only tree measured for it) and the
-    answer comes from the dense target; choosing q4 again brings the measured tree back."""
-    from eagle_engine.config import EngineConfig, TreeParams
+    measured fastest here (the app's first start, `eagle_engine/tools/autotune.py`): the tree
+    sliders (the min draft probability too) start at it, choosing the dense copy moves them to
+    the dense tree (the slower format's static default, the only tree measured for it) and the
+    answer comes from the dense target; choosing q4 again brings the measured tree back. When
+    other work took the cores during that measurement (`make test` beside busy processes),
+    the sidebar says so and the tree is the CPU class's static default."""
+    from eagle_engine.config import EngineConfig, TreeParams, q4_tree
 
     dense = EngineConfig(weights="dense").weights_label
     page, ex = probe.page, expect()
     status = page.locator("#engine-status")
-    ex(status).to_contain_text("Chosen by measurement q4 weights, tree k")
+    ex(status).to_contain_text("Measured at start-up, on short fixed prompts q4 weights")
     measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", status.inner_text())
+    if "the machine was busy" in status.inner_text():
+        static = q4_tree()
+        measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?",
+                             f"tree k{static.topk} s{static.num_steps} n"
+                             f"{static.num_draft_tokens}"
+                             + (f" min{static.min_score:g}" if static.min_score else ""))
     assert measured is not None
     tokens = page.locator("#draft-tokens input[type=number]")
     page.locator("#advanced-tree").get_by_text("Advanced tree").click()  # closed at first

@@ -2,12 +2,18 @@
 are the events' own, so the replay's outcome is known): with "compare" on, the race plays by
 itself when it arrives, EAGLE-3's pane advancing a verified step at a time; both panes end with
 the same text (greedy); the pane whose recorded time is shorter finishes first, and the result
-line says by how much; Replay plays it again. The finished panel is compared with
-assets/screenshots/race_ref.png (UPDATE_SCREENSHOTS=1 rewrites it).
+line says by how much; Replay plays it again. Nothing of the outcome (the verdict, the result,
+each side's stats and finish, the measured speedup tile) shows before the replay's end, after
+"compare" and after the Race button. The replay runs at 1×, 2× or 4× on the race's clock: 4×
+ends as 1× does, a change mid-replay goes on from the clock's time (on the page's fake clock:
+no test here reads the wall clock), and Regenerate during a replay shows the finished race. The
+finished panel is compared with assets/screenshots/race_ref.png (UPDATE_SCREENSHOTS=1 rewrites
+it).
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +37,37 @@ RECORD_JS = """() => {
   }).observe(document.querySelector('#compare-out'),
              {subtree: true, childList: true, attributes: true, attributeFilter: ['class']});
 }"""
+# at every change of the race, what of its outcome a visitor can see
+OUTCOME_JS = """() => {
+  const seen = (e) => !!e && e.checkVisibility({visibilityProperty: true});
+  window.__outcome = [];
+  new MutationObserver(() => {
+    const race = document.querySelector('#compare-out .race');
+    if (!race) return;
+    window.__outcome.push({
+      classes: race.className,
+      verdict: seen(race.querySelector('.compare-verdict')),
+      result: seen(race.querySelector('.race-result')),
+      meta: [...race.querySelectorAll('.compare-meta')].some(seen),
+      done: [...race.querySelectorAll('.race-done')].some((e) => seen(e) && e.textContent),
+      held: !!document.querySelector('#tile-speedup .race-held'),
+      tile: document.querySelector('#tile-speedup .tile-value').innerText});
+  }).observe(document.querySelector('#compare-out'),
+             {subtree: true, childList: true, attributes: true, attributeFilter: ['class']});
+}"""
+# presses Regenerate; what the race shows in that same moment
+REGENERATE_JS = """() => {
+  const seen = (e) => e.checkVisibility({visibilityProperty: true});
+  const race = document.querySelector('#compare-out .race');
+  document.querySelector('#regen').click();
+  return {classes: race.className, verdict: seen(race.querySelector('.compare-verdict')),
+          result: seen(race.querySelector('.race-result')),
+          done: [...race.querySelectorAll('.race-done')].map((e) => seen(e) && e.textContent),
+          clock: race.querySelector('.race-clock').textContent,
+          finished: [...race.querySelectorAll('[data-lane]')].map(
+            (e) => e.classList.contains('done'))};
+}"""
+RATIO = re.compile(r"\d+\.\d\d×")
 # a pane's text as read: rejected drafts left out
 TEXT_JS = """(e) => { const c = e.cloneNode(true);
   c.querySelectorAll('.tok-rej').forEach((t) => t.remove()); return c.textContent; }"""
@@ -191,3 +228,115 @@ def test_sidebar_leads_with_the_head_and_the_trees_shape(race_page: tuple[Any, R
     assert [i for i in inside if i in ADVANCED] == ADVANCED
     ex(page.locator("#min-score")).to_contain_text("an unsure draft then costs no verify row")
     ex(page.locator("#step-cut")).to_contain_text("a deeper step then runs where it can pay")
+
+
+def assert_outcome_only_at_the_end(samples: list[dict]) -> None:
+    """While the race waits or plays nothing of its outcome shows, the tile's measured speedup
+    held (sent, hidden); once it finished, all of it shows."""
+    hidden = [x for x in samples if re.search(r"\b(waiting|playing)\b", x["classes"])]
+    assert any("playing" in x["classes"] and x["held"] for x in hidden), samples
+    for x in hidden:
+        assert not (x["verdict"] or x["result"] or x["meta"] or x["done"]), x
+        assert not RATIO.search(x["tile"]), x
+    last = samples[-1]
+    assert last["classes"] == "compare race finished", samples
+    assert last["verdict"] and last["result"] and last["meta"] and last["done"], last
+    assert RATIO.fullmatch(last["tile"]), last
+
+
+@pytest.mark.parametrize("race_page", [1.0], indirect=True)
+def test_no_verdict_before_the_replays_end(race_page: tuple[Any, RaceEngine]) -> None:
+    """With "compare" on, then with the Race button: the status line after the recording says
+    nothing of the outcome, and the panel and the tiles show it only when both sides have
+    finished in the replay; on a page that asks for reduced motion, at once."""
+    probe, ex = race_page[0], expect()
+    page = probe.page
+    race = page.locator("#compare-out .race")
+    page.locator("#compare input").check()
+    page.evaluate(OUTCOME_JS)
+    page.fill("#prompt textarea", "hello")
+    page.click("#send")
+    ex(race).to_have_class("compare race finished", timeout=30_000)
+    assert_outcome_only_at_the_end(page.evaluate("window.__outcome"))
+    ex(page.locator("#tile-speedup .race-held")).to_have_text(RATIO)
+    page.locator("#compare input").uncheck()
+    page.evaluate(OUTCOME_JS)
+    page.click("#race-btn")
+    ex(page.locator("#status")).to_have_text("Race recorded · see the replay below.",
+                                             timeout=30_000)
+    ex(race).to_have_class("compare race finished", timeout=30_000)
+    assert_outcome_only_at_the_end(page.evaluate("window.__outcome"))
+    ex(race.locator(".race-result")).to_be_visible()
+    assert "×" not in page.locator("#status").inner_text()
+    page.emulate_media(reduced_motion="reduce")  # the race shows finished, its outcome at once
+    page.evaluate(OUTCOME_JS)
+    page.click("#race-btn")
+    ex(page.locator("#status")).to_have_text("Race recorded · see the replay below.",
+                                             timeout=30_000)
+    ex(race).to_have_class("compare race")
+    for shown in (".compare-verdict", ".race-result", ".race-done", ".compare-meta"):
+        ex(race.locator(shown).first).to_be_visible()
+    ex(page.locator("#tile-speedup .race-held")).to_be_visible()
+    assert not any("playing" in x["classes"] for x in page.evaluate("window.__outcome"))
+    assert probe.external_requests == [] and probe.console_errors == []
+
+
+def race_end(race: Any) -> dict:
+    """What a finished replay ends on: the order, the clock, each side's finish, the result."""
+    return {"order": race.get_attribute("data-order"),
+            "clock": race.locator(".race-clock").inner_text(),
+            "done": race.locator(".race-done").all_inner_texts(),
+            "result": race.locator(".race-result").inner_text()}
+
+
+def clock_s(race: Any) -> float:
+    return float(race.locator(".race-clock").inner_text().removesuffix(" s"))
+
+
+@pytest.mark.parametrize("race_page", [1.0], indirect=True)
+def test_the_replay_runs_at_the_chosen_speed_on_the_races_clock(
+        race_page: tuple[Any, RaceEngine]) -> None:
+    """A 4× replay ends as the 1× one did; a change of speed mid-replay goes on from the clock's
+    time (the page's clock is Playwright's fake one there: 16 ms a frame); Regenerate during a
+    replay shows the finished race at once, and the next race keeps the chosen speed."""
+    probe, ex = race_page[0], expect()
+    page = probe.page
+    race = page.locator("#compare-out .race")
+    speeds = race.locator(".race-speed button")
+    page.locator("#compare input").check()
+    page.fill("#prompt textarea", "hello")
+    page.click("#send")
+    ex(race).to_have_class("compare race finished", timeout=30_000)
+    at_1x = race_end(race)
+    assert at_1x["order"] == "eagle,plain" and at_1x["clock"] == "0.82 s", at_1x
+    ex(speeds).to_have_text(["1×", "2×", "4×"])
+    race.locator(".race-speed [data-speed='4']").click()
+    assert [b.get_attribute("aria-pressed") for b in speeds.all()] == ["false", "false", "true"]
+    page.evaluate(RECORD_JS)
+    race.locator(".race-play").click()
+    ex(race).to_have_class("compare race finished", timeout=30_000)
+    assert any("playing" in c for c in page.evaluate("window.__race")["classes"])
+    assert race_end(race) == at_1x
+    page.clock.install()
+    page.clock.pause_at(page.evaluate("Date.now()") / 1000 + 1)  # no frame runs unless told
+    race.locator(".race-speed [data-speed='1']").click()
+    race.locator(".race-play").click()
+    page.clock.run_for(16 * 13)  # the first frame starts the clock, 12 more move it
+    at_switch = clock_s(race)
+    assert 0.15 <= at_switch <= 0.25, at_switch
+    race.locator(".race-speed [data-speed='4']").click()
+    page.clock.run_for(16 * 4)
+    moved = clock_s(race) - at_switch
+    # 4 frames of 16 ms at 4×: 0.256 s (at 1×: 0.064 s; from the start at 4×: 1.024 s)
+    assert 0.2 <= moved <= 0.3, moved
+    assert "playing" in race.get_attribute("class")
+    ex(race.locator(".compare-verdict")).to_be_hidden()
+    # Regenerate ends the replay: the finished race shows at once, before the server answers
+    assert page.evaluate(REGENERATE_JS) == {"classes": "compare race", "verdict": True,
+                                            "result": True, "done": at_1x["done"],
+                                            "clock": at_1x["clock"], "finished": [True, True]}
+    page.clock.resume()
+    ex(race).to_have_class("compare race finished", timeout=30_000)  # the regenerated race
+    assert [b.get_attribute("aria-pressed") for b in speeds.all()] == ["false", "false", "true"]
+    assert race_end(race) == at_1x
+    assert probe.external_requests == [] and probe.console_errors == []

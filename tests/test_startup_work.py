@@ -19,14 +19,8 @@ from playground import ui_render as ui
 from playground.speed_estimate import CostTable, Estimate, VerifyCost
 from tests.helpers import tiny_engine
 
+pytestmark = pytest.mark.usefixtures("quiet_machine")  # the judgement's own test undoes it
 COST = VerifyCost((CostTable(20.0, (1, 2, 4, 8), (1.0, 1.4, 2.66, 5.07)),))  # a Zen 1's
-
-
-@pytest.fixture(autouse=True)
-def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Answers here are judged as on a quiet machine, whatever else runs on its cores (the
-    judgement itself: `test_a_starved_answer_shows_the_machine_is_busy_instead_of_a_ratio`)."""
-    monkeypatch.setattr(handlers, "starved", lambda stats: False)
 
 
 @pytest.fixture(scope="module")
