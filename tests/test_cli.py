@@ -1,6 +1,7 @@
-"""Issues 2 and 3 through the command line (`eagle_engine.tools.cli.main`): bad input exits with code 2
-and one `error: ...` line naming the value; `generate` on the bundled SmolLM2 gives the same
-greedy tokens with and without speculation; `inspect-draft` prints a head's resolved config."""
+"""Issues 2 and 3 through the command line (`eagle_engine.tools.cli.main`): bad input exits with
+code 2 and one `error: ...` line naming the value; `generate` on the bundled SmolLM2 gives the
+same greedy tokens with and without speculation; `inspect-draft` prints a head's resolved
+config."""
 from __future__ import annotations
 
 import json

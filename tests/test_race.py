@@ -21,7 +21,10 @@ from playground import handlers, serving
 from playground import ui_render as ui
 from playground.race import Lane, compare_html, plain_offset, race_data, result_text
 from playground.speed_estimate import CostTable, VerifyCost
-from tests.test_app_batch import engine, settings  # noqa: F401 (fixture)
+from tests import test_app_batch
+from tests.test_app_batch import settings
+
+engine = test_app_batch.engine  # the tiny q4 engine's fixture
 
 RACE_ATTR = re.compile(r'data-race="([^"]*)"')
 QUESTION = "tell me a story"
@@ -84,14 +87,16 @@ def test_the_race_button_races_the_last_answer_with_plain_decoding(engine: Eagle
     answer's sampling and weights; the tiles get the measured speedup beside the answer's
     estimate; a plain answer or none cannot race."""
     cost = VerifyCost((CostTable(20.0, (1, 8), (1.0, 1.5)),))
-    pg = handlers.Playground([engine], serving.EngineThread(), 0.0, {engine.config.weights_label: cost})
+    pg = handlers.Playground([engine], serving.EngineThread(), 0.0,
+                             {engine.config.weights_label: cost})
     spy = Spy(pg)
     last = list(pg.run([], QUESTION, settings(engine, True)))[-1]
     history = last[handlers.OUTPUTS.index("history")]
     assert last[handlers.OUTPUTS.index("compare")] == "" and len(spy.runs) == 1
     frames = list(pg.race(history))
     final = frames[-1]
-    status, compare, tiles = (final[handlers.OUTPUTS.index(k)] for k in ("status", "compare", "tiles"))
+    status, compare, tiles = (final[handlers.OUTPUTS.index(k)]
+                              for k in ("status", "compare", "tiles"))
     eagle, plain = spy.runs
     assert_race_of(panel_race(compare), eagle, plain)
     assert "".join(ev.text for ev in plain) == history[-1]["text"]  # greedy: the same text
@@ -110,7 +115,8 @@ def test_the_race_button_races_the_last_answer_with_plain_decoding(engine: Eagle
 
 def test_only_the_last_turn_keeps_its_race(engine: EagleEngine) -> None:
     pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
-    history = list(pg.run([], QUESTION, settings(engine, True)))[-1][handlers.OUTPUTS.index("history")]
+    history = list(pg.run([], QUESTION, settings(engine, True)))[-1][
+        handlers.OUTPUTS.index("history")]
     history = list(pg.run(history, "and then?", settings(engine, True)))[-1][
         handlers.OUTPUTS.index("history")]
     assert ["race" in t for t in history] == [False, True]

@@ -2,10 +2,10 @@
 
 A synthetic target over a 5-token vocabulary (logits a fixed pseudo-random function of the
 prefix) and a fixed draft tree per prefix (depth 3, up to 3 siblings). Speculative rounds
-(`tests.helpers.accept_sampled` on the tree's logits, then a new tree after the emitted tokens) produce
-the first 3 tokens; their empirical joint distribution over 125 cells must match the target's
-exact autoregressive distribution (chi-square), plain and with top-k / top-p, with the torch
-sampler and acceptance and with the C++ ones a CPU runs once the q4 weights have built them
+(`tests.helpers.accept_sampled` on the tree's logits, then a new tree after the emitted tokens)
+produce the first 3 tokens; their empirical joint distribution over 125 cells must match the
+target's exact autoregressive distribution (chi-square), plain and with top-k / top-p, with the
+torch sampler and acceptance and with the C++ ones a CPU runs once the q4 weights have built them
 (`kernels/cpu_step.cpp`: the distribution, the draw and the whole acceptance). The same holds
 with drafts from the context: the head's tree merged with the chain a suffix index over the
 context proposes (`tree.merge_context`), under a budget that drops nodes of both sources. A
@@ -98,7 +98,8 @@ CONTEXT_TREE = TreeParams(3, 3, 6, context_drafts=True)  # 5 of the head's 7 nod
 
 class ContextSyntheticTarget(SyntheticTarget):
     """The synthetic target's head trees as candidates (path probability 0.25 / (rank + 1) per
-    level: low enough that chains from the context often take part of the budget), merged with the chain a `ContextIndex` over the context proposes, the best
+    level: low enough that chains from the context often take part of the budget), merged with
+    the chain a `ContextIndex` over the context proposes, the best
     `CONTEXT_TREE.num_draft_tokens - 1` of both selected; verify logits per selected node."""
 
     def __init__(self, tree: TreeParams = CONTEXT_TREE) -> None:

@@ -75,7 +75,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> EagleEngine:
                          ids=["k2s3n6", "chain", "k4s2n9"])
 def test_eagle_iteration_syncs_once(engine: EagleEngine, mode: str, trace: bool,
                                     shape: tuple[int, int, int]) -> None:
-    """Counted per iteration (per event of `stream`): exactly one host sync, the read-back's copy."""
+    """Counted per iteration (per event of `stream`): exactly one host sync, the read-back's
+    copy."""
     events = engine.stream(PROMPT, PARAMS[mode], TreeParams(*shape), "head", trace=trace)
     steps = list(per_step(events))
     assert steps[0][0].step == 0 and len(steps) > 3  # the prefill's event, then iterations

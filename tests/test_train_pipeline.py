@@ -477,7 +477,8 @@ def test_interrupted_multi_head_training_resumes_to_the_same_weights(
     early = heads()
     assert not trainer.train(early, lengths, make_batch, tmp_path / "early", timed, deadline=0.0)
     assert early[0].log == []
-    assert torch.load(tmp_path / "early" / "checkpoint.pt", weights_only=True)["budget_set"] is False
+    saved = torch.load(tmp_path / "early" / "checkpoint.pt", weights_only=True)
+    assert saved["budget_set"] is False
     assert_resumes_to(whole, "early")
 
     other = heads()[:1]
