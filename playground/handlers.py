@@ -401,9 +401,10 @@ class Playground:
                     f"only heads with aux {'on' if aux else 'off'} are loaded" if aux_values
                     else "no draft head is loaded")
         # layer counts only heads with the other aux setting have: why they are not offered
+        # ("" clears the note: None would leave the last one)
         missing = sorted({h.num_layers for h in self.heads} - set(choices))
         layers_info = "; ".join(f"{n} layer{'s' * (n > 1)}: needs aux hidden states "
-                                f"{'off' if aux else 'on'}" for n in missing) or None
+                                f"{'off' if aux else 'on'}" for n in missing)
         return (gr.update(interactive=spec and len(aux_values) > 1, info=aux_info),
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
                           value=layers, interactive=spec and len(choices) > 1,

@@ -89,7 +89,8 @@ def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
                   "target token (bonus)", "target token"):
         expect()(legend).to_contain_text(label)
     expect()(page.locator("#legend-row #show-rej input")).to_be_checked()  # beside the legend
-    expect()(page.locator("#intro")).to_contain_text("Hover a token for its step and depth")
+    expect()(page.locator("#intro")).to_contain_text("Hover a token for its step and depth",
+                                                     use_inner_text=True)
     expect()(page.locator("#intro .on-touch")).to_be_hidden()  # a mouse hovers
     expect()(page.locator("#continue")).to_be_hidden()  # no answer was cut
     status = page.locator("#engine-status")
@@ -231,7 +232,8 @@ def test_phone_shows_the_message_box_send_and_the_tiles_on_the_first_screen(
     probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
     page, ex = probe.page, expect()
     page.wait_for_function("!document.querySelector('#sidebar').classList.contains('open')")
-    ex(page.locator("#intro")).to_contain_text("Tap a token for its step and depth")
+    ex(page.locator("#intro")).to_contain_text("Tap a token for its step and depth",
+                                               use_inner_text=True)
     ex(page.locator("#intro .on-hover")).to_be_hidden()
     parts = ["#chat", "#prompt textarea", "#send", "#tiles", "#examples", "#step-panels",
              "#sidebar .toggle-button"]
