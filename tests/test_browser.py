@@ -215,8 +215,10 @@ def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
     page.context.close()
 
 
-# Where each part lies on the first screen: its box, the screen's height and how far the page
-# is scrolled.
+# The sidebar closed and at rest (it slides shut as a phone's page opens).
+SIDEBAR_CLOSED_JS = """() => { const bar = document.querySelector('#sidebar');
+  return !bar.classList.contains('open') && bar.getAnimations({subtree: true}).length === 0; }"""
+# Where each part lies on the first screen: its box.
 FIRST_SCREEN_JS = """(sels) => Object.fromEntries(sels.map((s) => {
   const r = document.querySelector(s).getBoundingClientRect();
   return [s, {top: r.top, bottom: r.bottom, left: r.left, right: r.right}]; }))"""
@@ -231,7 +233,7 @@ def test_phone_shows_the_message_box_send_and_the_tiles_on_the_first_screen(
 
     probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
     page, ex = probe.page, expect()
-    page.wait_for_function("!document.querySelector('#sidebar').classList.contains('open')")
+    page.wait_for_function(SIDEBAR_CLOSED_JS)
     ex(page.locator("#intro")).to_contain_text("Tap a token for its step and depth",
                                                use_inner_text=True)
     ex(page.locator("#intro .on-hover")).to_be_hidden()
@@ -254,7 +256,7 @@ def test_a_tap_on_a_token_shows_its_details(chromium: Any, app_server: AppServer
 
     probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
     page, ex = probe.page, expect()
-    page.wait_for_function("!document.querySelector('#sidebar').classList.contains('open')")
+    page.wait_for_function(SIDEBAR_CLOSED_JS)
     ask(page, "Name three colors.", 6)
     wait_done(page)
     token = last_answer(page).locator(".tok >> visible=true").first
