@@ -1,5 +1,6 @@
-"""A chat's turns as the target's prompt: the messages, and which oldest turns to leave out so
-that an answer fits the context window (`fit_prompt`).
+"""A chat's turns as the target's prompt: the messages, which oldest turns to leave out so
+that an answer fits the context window (`fit_prompt`), and the prompt that continues an answer
+cut at its max new tokens (`continued_ids`).
 Not here: the handlers that stream answers (`handlers.py`).
 """
 from __future__ import annotations
@@ -27,6 +28,16 @@ def conversation_ids(engine: Any, turns: list[dict], user_text: str, left_out: i
     """The prompt ids of the conversation less its `left_out` oldest turns, and the message."""
     return engine.encode(chat_messages(turns[left_out:]) + [{"role": "user",
                                                              "content": user_text}])
+
+
+def continued_ids(engine: Any, turns: list[dict], turn: dict) -> list[int]:
+    """The prompt that continues `turn`'s answer (`turns`: the conversation before it): the
+    prompt it was answered from (the same turns left out, its message and the assistant's
+    header) and then the answer's token ids, so the engine goes on from the answer's last token
+    as if it had not stopped, and reuses its cached rows. Not the chat template's
+    `continue_final_message` over the answer's text: tokenizing that text again can split it
+    otherwise than the model wrote it ("fi" + "b" where it wrote "fib")."""
+    return conversation_ids(engine, turns, turn["user"], turn["left_out"]) + turn["ids"]
 
 
 def fit_prompt(engine: Any, turns: list[dict], user_text: str, reserve: int

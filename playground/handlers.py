@@ -1,6 +1,9 @@
 """The playground's event handlers over the loaded engines (`Playground`): sending a message,
-streaming its answer frame by frame, the race with plain decoding, Stop, Clear and the
-sidebar's state; and the helpers of a frame.
+streaming its answer frame by frame, continuing an answer cut at its max new tokens, the race
+with plain decoding, Stop, Clear and the sidebar's state; and the helpers of a frame. A request
+refused for what it asks (an empty message, settings no loaded head serves, a prompt past the
+context window) is a warning toast and a status line that says why, not an error: Gradio leaves
+an "Error" badge on the status line after an error.
 Not here: the layout (`layout.py`), drawing (`ui_render.py`, `race.py`), the engine.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ from eagle_engine.config import (
 from eagle_engine.events import StepEvent
 
 from . import ui_render as ui
-from .conversation import conversation_ids, fit_prompt, turns_text
+from .conversation import continued_ids, conversation_ids, fit_prompt, turns_text
 from .race import Lane, compare_html, race_data, recording_html, recording_text
 from .serving import EngineThread, StopFlags, Visitors
 from .speed_estimate import (
@@ -60,12 +63,23 @@ PANEL_INTERVAL_S = 1.0
 
 
 OUTPUTS = ("prompt", "chat", "history", "status", "tiles", "plot", "tree", "timing", "compare",
-           "run")
+           "run", "more")  # more: the Continue button, shown after an answer cut at its cap
 
 
 def pack(**values: Any) -> tuple:
     """Handler outputs in OUTPUTS order; outputs not given are left as they are."""
     return tuple(values.get(name, gr.skip()) for name in OUTPUTS)
+
+
+class Refused(gr.Error):
+    """The engine refused a request for what it asks (`ConfigError`)."""
+
+
+def refused(reason: str, title: str) -> tuple:
+    """The one frame of a refused request: a warning toast, and the status line says why; the
+    chat and the message box stay as they are."""
+    gr.Warning(reason, title=title)
+    return pack(status=f"Not sent: {reason}")
 
 
 class Playground:
@@ -113,7 +127,7 @@ class Playground:
         try:
             yield from self._events(engine, ids, sampling, tree, head)
         except ConfigError as e:
-            raise gr.Error(str(e), title="Request refused") from e
+            raise Refused(str(e), title="Request refused") from e
         except Exception as e:  # noqa: BLE001 - any engine failure becomes a readable toast
             log.exception("engine failure")
             raise gr.Error(f"The engine failed ({type(e).__name__}: {e}). The page stays usable: "
@@ -136,15 +150,18 @@ class Playground:
             handle.cancel()
 
     def run(self, turns: list[dict], user_text: str, s: ui.Settings,
-            session: str | None = None, from_box: bool = True) -> Iterator[tuple]:
+            session: str | None = None, from_box: bool = True,
+            going_on: dict | None = None) -> Iterator[tuple]:
         """Stream one answer (then the baseline when comparing): a frame for the first engine
         step, then at most one per `frame_interval` seconds, and the final one; the panels
         (tiles, step plot, tree, timing) at most once per `panel_interval` seconds, the first
         time one interval after the start, and in the final one.
         Stop (`stop` with the same `session`) ends it after the engine step in flight.
-        `from_box`: `user_text` came from the message box, which the first frame empties."""
+        `from_box`: `user_text` came from the message box, which the first frame empties.
+        `going_on`: the turn (after `turns`) whose answer this one continues, in that turn."""
         if problems := self.problems(user_text, s):
-            raise gr.Error(" ".join(problems), title="Invalid input")
+            yield refused(" ".join(problems), "Invalid input")
+            return
         with self.stops.running(session) as stop:
             if stop is None:
                 gr.Warning("An answer is still streaming: wait for it or press Stop, then send "
@@ -153,20 +170,28 @@ class Playground:
                 return
             try:
                 with self.visitors.answering():
-                    yield from self._answer(turns, user_text, s, stop, from_box)
+                    yield from self._answer(turns, user_text, s, stop, from_box, going_on)
             finally:  # what the answer freed goes back to the system (`memory.py`)
                 memory.trim()
 
     def _answer(self, turns: list[dict], user_text: str, s: ui.Settings,
-                stop: threading.Event, from_box: bool) -> Iterator[tuple]:
+                stop: threading.Event, from_box: bool,
+                going_on: dict | None) -> Iterator[tuple]:
         sampling, tree, head = s.request(self.heads)
         engine, cost = self.engines[s.weights], self.costs.get(s.weights)
-        ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
-            tree.max_rows if head else 1))
+        if going_on is None:
+            ids, left_out = fit_prompt(engine, turns, user_text, sampling.max_new_tokens + (
+                tree.max_rows if head else 1))
+        else:  # past the window the engine ends the answer ("context window full")
+            ids, left_out = continued_ids(engine, turns, going_on), going_on["left_out"]
         t0 = time.perf_counter()
-        view = ui.AnswerView()
+        view = ui.AnswerView(shown=going_on["text"] if going_on else "")
         with closing(self._steps(engine, ids, sampling, tree, head)) as events:
-            first = next(events)  # context-window and engine errors surface before history changes
+            try:  # context-window and engine errors surface before history changes
+                first = next(events)
+            except Refused as e:
+                yield refused(e.message, e.title)
+                return
             # only the last turn keeps what a race on request needs
             turns = [{k: v for k, v in t.items() if k != "race"} for t in turns] + [{}]
             batches = []  # how many requests shared each step
@@ -175,9 +200,10 @@ class Playground:
                 view.add(ev)
                 batches.append(ev.batch)
             drawn = time.perf_counter()  # when the panels last moved (before: the last answer's)
+            doing = "Continuing" if going_on else "Generating"
             for ev in paced(itertools.chain([first], events), add, self.frame_interval, stop):
-                turns[-1] = answer_turn(user_text, view, left_out)
-                status = (f"Generating… {view.num_tokens}/{sampling.max_new_tokens} tokens "
+                turns[-1] = answer_turn(user_text, view, left_out, going_on)
+                status = (f"{doing}… {view.num_tokens}/{sampling.max_new_tokens} tokens "
                           f"({head or 'baseline'}, step {ev.step}{shared(ev.batch)})")
                 now = time.perf_counter()
                 panels = now - drawn >= self.panel_interval
@@ -185,15 +211,17 @@ class Playground:
                 yield self._frame(turns, status, view, head, None, s.weights,
                                   estimate(cost, len(ids), view.verifies, view.stats)
                                   if head and panels else None, panels=panels,
-                                  sent=from_box and ev is first)
-        turns[-1] = answer_turn(user_text, view, left_out)
+                                  sent=from_box and ev is first, live=True)
+        turns[-1] = answer_turn(user_text, view, left_out, going_on)
         on_screen = time.perf_counter() - t0
 
         def cut(answer: ui.AnswerView) -> bool:  # Stop ended it before its own end
             return stop.is_set() and not answer.finished
         est = estimate(cost, len(ids), view.verifies, view.stats) if head else None
         speedup, base = None, None
-        if head is not None and not cut(view):
+        # the Race button runs plain decoding from the turn's message: a continued answer's
+        # last part started from the answer so far
+        if head is not None and not cut(view) and going_on is None:
             turns[-1]["race"] = {"lane": Lane.of(view), "sampling": sampling, "head": head,
                                  "weights": s.weights, "estimate": est}
         if head is not None and s.compare and not cut(view):
@@ -211,14 +239,18 @@ class Playground:
             yield self._frame(turns, status + " The engine is ready for the next message.", view,
                               head, None, s.weights, est, base, sampling.greedy, stopped=True)
             return
-        reason = ui.FINISH_TEXT.get(view.finished or "", view.finished)
+        reason = (f"the answer reached its limit of {ui.tokens_text(sampling.max_new_tokens)}"
+                  " (Max new tokens): press Continue for more" if view.finished == "length"
+                  else ui.FINISH_TEXT.get(view.finished or "", view.finished))
         reused = view.stats.get("reused_tokens", 0)
-        status = (f"Done · {view.num_tokens} tokens in {view.stats.get('elapsed_s', 0):.2f} s of "
-                  f"engine time ({on_screen:.2f} s on screen) · {reason} · {head or 'baseline'}"
+        status = (f"Done · {reason} · {'continued with ' if going_on else ''}"
+                  f"{ui.tokens_text(view.num_tokens)} in {view.stats.get('elapsed_s', 0):.2f} s "
+                  f"of engine time ({on_screen:.2f} s on screen) · {head or 'baseline'}"
                   f" · {s.weights} target"
                   + (f" · steps shared by up to {max(batches)} requests"
                      if max(batches) > 1 else "")
-                  + (f" · {reused} prompt tokens reused from the cache" if reused else "")
+                  + (f" · {ui.tokens_text(reused)} of the prompt reused from the cache"
+                     if reused else "")
                   + (f" · the oldest {turns_text(left_out)} left out of the prompt to fit the "
                      f"{engine.config.max_len}-token context window" if left_out else ""))
         yield self._frame(turns, status, view, head, speedup, s.weights, est, base,
@@ -284,12 +316,14 @@ class Playground:
     def _frame(self, turns: list[dict], status: str, view: ui.AnswerView, head: str | None,
                speedup: float | None, weights: str, est: Estimate | None,
                base: ui.AnswerView | None = None, greedy: bool = True,
-               panels: bool = True, stopped: bool = False, sent: bool = False) -> tuple:
+               panels: bool = True, stopped: bool = False, sent: bool = False,
+               live: bool = False) -> tuple:
         """`sent`: the answer's first frame, which empties the message box; later frames leave
         it to what the visitor types meanwhile. `panels`: the frame moves the tiles, the step
         plot, the tree and the timing (else they stay as they are). With `base`, the compare
         panel: the race of the two (the tiles' measured speedup held until its replay ends),
-        or, `stopped`, the two side by side."""
+        or, `stopped`, the two side by side. `live`: the answer still streams; once it ends,
+        Continue shows if it reached its max new tokens."""
         lanes = (Lane.of(view), Lane.of(base)) if base else None
         raced = lanes is not None and not stopped
         moved = dict(tiles=self._tiles(view.stats, head, speedup, est, weights, raced),
@@ -302,7 +336,8 @@ class Playground:
                     compare=compare_html(*lanes, greedy, stopped) if lanes else "",
                     run=ui.run_record(view, head, speedup, base, greedy, weights, est,
                                       race_data(*lanes) if raced else None)
-                    if status.startswith("Done") else gr.skip())
+                    if status.startswith("Done") else gr.skip(),
+                    more=gr.update(visible=not live and view.finished == "length"))
 
     def _tiles(self, stats: dict[str, Any], head: str | None, speedup: float | None,
                est: Estimate | None, weights: str, held: bool = False) -> str:
@@ -387,6 +422,25 @@ class Playground:
             max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
             step_cut), session_of(request), from_box=False)
 
+    def continue_answer(self, history: list[dict], spec: bool, aux: bool, layers: int,
+                        topk: int, num_steps: int, num_draft_tokens: int, temperature: float,
+                        top_p: float, max_new_tokens: int, seed: float | None, compare: bool,
+                        weights: str, context_drafts: bool = CONTEXT_DRAFTS,
+                        min_score: float = 0.0, context_extra: int = 0, step_cut: float = 0.0,
+                        request: gr.Request | None = None) -> Iterator[tuple]:
+        """Continue: the last answer, cut at its max new tokens, goes on from its last token
+        with the current settings, up to max new tokens more, in the same turn."""
+        if not history or history[-1].get("finished") != "length":
+            gr.Warning("Continue goes on from an answer that reached its max new tokens; "
+                       "the last answer ended by itself." if history else
+                       "Nothing to continue yet: send a message first.")
+            yield pack()
+            return
+        yield from self.run(history[:-1], history[-1]["user"], ui.Settings(
+            spec, aux, layers, topk, num_steps, num_draft_tokens, temperature, top_p,
+            max_new_tokens, seed, compare, weights, context_drafts, min_score, context_extra,
+            step_cut), session_of(request), from_box=False, going_on=history[-1])
+
     def weights_changed(self, weights: str) -> list[dict]:
         """The tree sliders move to the default tree of the chosen target (q4 weights verify
         small trees best)."""
@@ -398,7 +452,8 @@ class Playground:
     def clear(self) -> tuple:
         return pack(prompt="", chat=[], history=[], status="Cleared.",
                     tiles=ui.tiles_html({}, False), plot=step_plot([]), tree=ui.tree_svg([]),
-                    timing=ui.timing_html({}), compare="", run=None)
+                    timing=ui.timing_html({}), compare="", run=None,
+                    more=gr.update(visible=False))
 
     def stop(self, request: gr.Request | None = None) -> None:
         """Stop: the session's streaming answer ends after its engine step in flight, with a last
@@ -417,7 +472,8 @@ class Playground:
         return self.stops.stop(session, STOP_WAIT_S) or self.stops.streaming(session)
 
     def sidebar_state(self, spec: bool, aux: bool, layers: int) -> tuple:
-        """Updates for aux, layers and the head note: only combinations with a loaded head."""
+        """Updates for aux, layers and the head note: only combinations with a loaded head, and
+        the layer counts left out say which aux setting they need."""
         aux_values = {h.use_aux for h in self.heads}
         # without a head the radio keeps its one choice: Gradio refuses a value outside them
         choices = ui.layer_choices(self.heads, aux) or [layers]
@@ -426,9 +482,15 @@ class Playground:
                     if len(aux_values) > 1 else
                     f"only heads with aux {'on' if aux else 'off'} are loaded" if aux_values
                     else "no draft head is loaded")
+        # layer counts only heads with the other aux setting have: why they are not offered
+        # ("" clears the note: None would leave the last one)
+        missing = sorted({h.num_layers for h in self.heads} - set(choices))
+        layers_info = "; ".join(f"{n} layer{'s' * (n > 1)}: needs aux hidden states "
+                                f"{'off' if aux else 'on'}" for n in missing)
         return (gr.update(interactive=spec and len(aux_values) > 1, info=aux_info),
                 gr.update(choices=[(f"{n} layer{'s' * (n > 1)}", n) for n in choices],
-                          value=layers, interactive=spec and len(choices) > 1),
+                          value=layers, interactive=spec and len(choices) > 1,
+                          info=layers_info),
                 ui.head_note(self.heads, spec, aux, layers))
 
 
@@ -468,7 +530,12 @@ def shared(batch: int) -> str:
     return f" · shared with {others} other request{'s' * (others > 1)}"
 
 
-def answer_turn(user_text: str, view: ui.AnswerView, left_out: int) -> dict:
-    """A turn of the chat history; `left_out`: the earlier turns its prompt left out."""
-    return {"user": user_text, "text": view.text, "html": view.html(), "tokens": view.num_tokens,
-            "left_out": left_out}
+def answer_turn(user_text: str, view: ui.AnswerView, left_out: int,
+                going_on: dict | None = None) -> dict:
+    """A turn of the chat history; `left_out`: the earlier turns its prompt left out;
+    `going_on`: the turn whose answer `view` continues (its text, spans and ids come first).
+    `finished`: why the answer ended (None: stopped)."""
+    before = going_on or {"text": "", "html": "", "tokens": 0, "ids": []}
+    return {"user": user_text, "text": before["text"] + view.text,
+            "html": before["html"] + view.html(), "tokens": before["tokens"] + view.num_tokens,
+            "ids": before["ids"] + view.ids, "finished": view.finished, "left_out": left_out}

@@ -23,7 +23,8 @@ from .speed_estimate import VerifyCost
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "style.css"
 RACE_JS = ROOT / "assets" / "race.js"  # the compare panel's replay of the race
-MAX_NEW_TOKENS = 512
+MAX_NEW_TOKENS = 2048  # the slider's top
+NEW_TOKENS = 512  # its start: room for a whole function or a few paragraphs; Continue goes on
 # Gradio's progress display on the status line while an answer streams. "full" animates an
 # overlay there: with a browser on the same cores, the browser uses ~12% more CPU and the engine
 # runs ~7% slower than with "minimal" (the elapsed time alone). The
@@ -39,6 +40,9 @@ NARROW_PX = 768
 # HTTP to another machine have no Clipboard API) and a selection within the chat or the
 # compare panel.
 COPY_AS_TEXT_JS = (ROOT / "assets" / "copy_as_text.js").read_text()
+# A token's details (and a speed tile's) are its `title`, which touch screens never show: a
+# tap on it shows them in a small popover, and a tap elsewhere hides it.
+TAP_DETAILS_JS = (ROOT / "assets" / "tap_details.js").read_text()
 # Each has a sensible greedy answer from the bundled q4 target (tests/test_app_startup.py). Not
 # "What is the capital of France?": q4 answers it with a loop of "la France, ...", as
 # llama.cpp does on the same GGUF (bf16 weights say Paris).
@@ -61,7 +65,7 @@ def sampling_state(temperature: float) -> list[dict]:
 
 
 def _sidebar(pg: Playground) -> dict[str, Any]:
-    """Sidebar controls keyed by Settings field name (plus the status and display toggles). It
+    """Sidebar controls keyed by Settings field name (plus the status and the race toggle). It
     leads with the head and the tree's shape (topk, steps, draft tokens), then the finer tree
     settings in a closed "Advanced tree" group, sampling and the target's weights; the tree
     sliders start at the default engine's default tree (smaller with q4 weights)."""
@@ -111,15 +115,16 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
         c["temperature"] = gr.Slider(0, 1.5, 0.0, step=0.05, label="Temperature (0 = greedy)",
                                      elem_id="temperature")
         c["top_p"] = gr.Slider(0.05, 1, 1.0, step=0.05, label="top-p", elem_id="top-p")
-        c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, 128, step=1, precision=0,
-                                        label="Max new tokens", elem_id="max-new-tokens")
+        c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, NEW_TOKENS, step=1, precision=0,
+                                        label="Max new tokens", elem_id="max-new-tokens",
+                                        info="an answer that reaches it can go on with "
+                                        "Continue")
         c["seed"] = gr.Number(0, precision=0, label="Seed", elem_id="seed")
         c["weights"] = gr.Radio(list(pg.engines), value=weights, label="Target weights",
                                 info=(engine.tuned and engine.tuned.weights_info())
                                 or "q4: the GGUF's 4-bit codes (fast on CPU); bf16 / fp32: "
                                 "dense copies", visible=len(pg.engines) > 1,
                                 elem_id="weights")
-        c["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej")
         c["compare"] = gr.Checkbox(False, label="Race plain decoding after each answer",
                                    info="runs the target alone on the same prompt after the "
                                    "answer, measures the speedup and replays both side by side",
@@ -129,9 +134,15 @@ def _sidebar(pg: Playground) -> dict[str, Any]:
 
 def _main_panel() -> dict[str, Any]:
     o: dict[str, Any] = {"history": gr.State([])}
+    # touch screens tap a token instead of hovering it (style.css swaps the two words)
     gr.Markdown("## EAGLE-3 Playground\nA small draft head proposes a tree of tokens; the "
-                "target verifies it in one forward pass. Hover a token for its step and depth.")
-    gr.HTML(ui.legend_html(), elem_id="legend")
+                "target verifies it in one forward pass. <span class='on-hover'>Hover</span>"
+                "<span class='on-touch'>Tap</span> a token for its step and depth.",
+                elem_id="intro")
+    with gr.Row(elem_id="legend-row"):
+        gr.HTML(ui.legend_html(), elem_id="legend")
+        o["show_rejected"] = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rej",
+                                         container=False, scale=0, min_width=190)
     # no visible label: Gradio draws it over the answer's first line
     o["chat"] = gr.Chatbot(label="Chat", show_label=False, height=420, render_markdown=False,
                            elem_id="chat")
@@ -139,16 +150,21 @@ def _main_panel() -> dict[str, Any]:
     # sends on Shift+Enter instead once a box starts with more lines); the box grows to 8
     o["prompt"] = gr.Textbox(label="Message", placeholder="Ask something… (Enter sends)",
                              lines=1, max_lines=8, elem_id="prompt")
-    with gr.Row():
-        o["send"] = gr.Button("Send", variant="primary", elem_id="send")
-        o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
-        o["regen"] = gr.Button("Regenerate", elem_id="regen")
-        o["clear"] = gr.Button("Clear", elem_id="clear")
-        o["race"] = gr.Button("Race plain decoding", elem_id="race-btn")
-    gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)")
+    with gr.Row(elem_id="actions"):  # one line on a desktop with Continue shown too
+        button = dict(min_width=100)
+        o["send"] = gr.Button("Send", variant="primary", elem_id="send", **button)
+        # shown after an answer that reached its max new tokens (`handlers.OUTPUTS`)
+        o["more"] = gr.Button("Continue", visible=False, elem_id="continue", **button)
+        o["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", **button)
+        o["regen"] = gr.Button("Regenerate", elem_id="regen", **button)
+        o["clear"] = gr.Button("Clear", elem_id="clear", **button)
+        o["race"] = gr.Button("Race plain decoding", elem_id="race-btn", **button)
+    gr.Examples(EXAMPLES, inputs=[o["prompt"]], label="Examples (fill the message box)",
+                elem_id="examples")
     o["status"] = gr.Markdown("Ready.", label="Status line", elem_id="status")
     o["tiles"] = gr.HTML(ui.tiles_html({}, False), label="stats", elem_id="tiles")
-    with gr.Row():  # side by side where both fit their min_width, else one above the other
+    # side by side where both fit their min_width, else one above the other
+    with gr.Row(elem_id="step-panels"):
         # no fixed height: with one, Gradio's block cuts off the x axis's labels and title
         o["plot"] = gr.BarPlot(ui.steps_frame([]), x="step", y="accepted",
                                **ui.steps_axes([]), label="Accepted draft tokens per step",
@@ -160,7 +176,7 @@ def _main_panel() -> dict[str, Any]:
     # the race of an answer and plain decoding, replayed by the page (assets/race.js)
     o["compare"] = gr.HTML("", label="EAGLE-3 vs plain decoding", elem_id="compare-out",
                            js_on_load=RACE_JS.read_text())
-    with gr.Accordion("Last run (JSON)", open=False):
+    with gr.Accordion("Last run (JSON)", open=False, elem_id="run-record"):
         o["run"] = gr.JSON(label="Last run", elem_id="run-json")
     return o
 
@@ -192,6 +208,8 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
                       [o["prompt"], o["history"], *settings], api_name="chat", **engine_kw),
                 o["regen"].click(pg.regenerate, [o["history"], *settings], api_name="regenerate",
                                  **engine_kw),
+                o["more"].click(pg.continue_answer, [o["history"], *settings],
+                                api_name="continue", **engine_kw),
                 o["race"].click(pg.race, [o["history"]], api_name="race", **engine_kw)]
         # queued, for its toast (Gradio shows none from an unqueued event), in a group of its
         # own that never waits behind the answers
@@ -203,6 +221,11 @@ def build_demo(engines: Sequence[Any], worker: EngineThread | None = None,
         o["clear"].click(pg.end, None, None, queue=False, api_visibility="private").then(
             pg.clear, None, outputs, cancels=runs, queue=False, api_name="clear")
         _wire_sidebar(pg, c, demo)
+        o["show_rejected"].change(
+            None, o["show_rejected"], None, queue=False,
+            js="(v) => { document.body.classList.toggle('hide-rejected', !v); }")
+        demo.load(None, None, None, queue=False, js=COPY_AS_TEXT_JS)
+        demo.load(None, None, None, queue=False, js=TAP_DETAILS_JS)
     return demo
 
 
@@ -224,10 +247,7 @@ def _wire_sidebar(pg: Playground, c: dict[str, Any], demo: gr.Blocks) -> None:
     demo.load(pg.page_state, None, [c["engine_status"], c["weights"], *tree_all], **quiet)
     c["temperature"].change(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
     demo.load(sampling_state, c["temperature"], [c["top_p"], c["seed"]], **quiet)
-    c["show_rejected"].change(None, c["show_rejected"], None, queue=False,
-                              js="(v) => { document.body.classList.toggle('hide-rejected', !v); }")
     # on a phone the open sidebar covers the whole page: it starts closed there
     demo.load(None, None, None, queue=False, js=f"""() => {{
         if (window.innerWidth <= {NARROW_PX})
             document.querySelector('#sidebar.open .toggle-button')?.click(); }}""")
-    demo.load(None, None, None, queue=False, js=COPY_AS_TEXT_JS)

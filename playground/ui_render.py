@@ -1,10 +1,11 @@
 """What the playground draws from the engine's `StepEvent`s: HTML token spans (accepted draft,
-draft from the context, rejected draft, bonus and target tokens), the legend, stat tiles, the
-latest draft tree as SVG (nodes from the context marked), per-phase timings and the per-step plot
-data; plus the mapping of the sidebar's values to an engine request (which loaded head an
-(aux, layers) choice means). Pure functions of plain data: no Gradio, no tensors. Every piece
-of model and user text is HTML-escaped here. Not here: decoding (`engine.py`), the EAGLE-3 vs
-plain comparison and its race (`race.py`) or Gradio wiring (`layout.py`, `handlers.py`)."""
+draft from the context, rejected draft, bonus and target tokens; a rejected draft never breaks
+the answer's lines), the legend, stat tiles, the latest draft tree as SVG (nodes from the context
+marked), per-phase timings and the per-step plot data; a tree's shape in words; plus the mapping
+of the sidebar's values to an engine request (which loaded head an (aux, layers) choice means).
+Pure functions of plain data: no Gradio, no tensors. Every piece of model and user text is
+HTML-escaped here. Not here: decoding (`engine.py`), the EAGLE-3 vs plain comparison and its
+race (`race.py`) or Gradio wiring (`layout.py`, `handlers.py`)."""
 from __future__ import annotations
 
 import html
@@ -25,13 +26,14 @@ KIND_CLASS = {"accepted": "tok-acc", "context": "tok-ctx", "rejected": "tok-rej"
 KIND_LABEL = {"accepted": "accepted draft", "context": "draft from context",
               "rejected": "rejected draft", "bonus": "target token (bonus)",
               "target": "target token"}
-FINISH_TEXT = {"eos": "end of answer", "length": "max new tokens reached",
-               "stop": "stop string", "context": "context window full"}
+FINISH_TEXT = {"eos": "end of answer", "stop": "stop string", "context": "context window full"}
 LEGEND_HINT = {"accepted": "solid underline", "context": "double underline",
                "rejected": "struck through", "bonus": "dotted underline", "target": "plain"}
 SOURCE_TEXT = {"context": "drafted from the context", "both": "head and context agreed"}
 DRAFTED = ("accepted", "context")  # the kinds of accepted draft tokens
 STEPS_SHOWN, ACCEPTED_SHOWN = 20, 5  # the step plot's axes span at least these (`steps_axes`)
+# Whitespace as a visible glyph: in tree labels, and in rejected drafts (`rejected_text`)
+GLYPHS = str.maketrans({"\n": "⏎", " ": "␣", "\t": "⇥"})
 
 
 class HeadLike(Protocol):
@@ -41,10 +43,20 @@ class HeadLike(Protocol):
     draft_vocab_size: int
 
 
+def rejected_text(text: str) -> str:
+    """A rejected draft's text as prose shows it: its line breaks as "⏎", so that it never
+    starts a line the answer does not have, and a draft of whitespace alone as glyphs ("␣" a
+    space), which would otherwise show as nothing."""
+    if text.isspace():
+        return text.translate(GLYPHS)
+    return text.replace("\n", "⏎")
+
+
 def span_html(text: str, kind: str, step: int, depth: int, in_code: bool = False,
               source: str = "") -> str:
     """One token as an escaped span with its kind's class and a (kind, step, depth, who
-    drafted it) tooltip. Inside a code block tokens get the `in-code` class (monospace), and a
+    drafted it) tooltip. A rejected draft in prose shows its whitespace as glyphs
+    (`rejected_text`); inside a code block tokens get the `in-code` class (monospace), and a
     rejected draft becomes an empty marker whose tooltip holds its text, so the code reads as
     code."""
     if not text:
@@ -56,8 +68,9 @@ def span_html(text: str, kind: str, step: int, depth: int, in_code: bool = False
     if kind == "rejected" and in_code:
         tip = html.escape(f"{tip}: {text!r}")
         return f'<del class="{cls} rej-mark" title="{tip}" aria-label="{tip}"></del>'
-    tag = "del" if kind == "rejected" else "span"
-    return f'<{tag} class="{cls}" title="{tip}">{html.escape(text)}</{tag}>'
+    if kind == "rejected":
+        return f'<del class="{cls}" title="{tip}">{html.escape(rejected_text(text))}</del>'
+    return f'<span class="{cls}" title="{tip}">{html.escape(text)}</span>'
 
 
 def in_code_block(text: str) -> bool:
@@ -105,14 +118,16 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
 
 @dataclass
 class AnswerView:
-    """Accumulates one answer's events: rendered spans, plain text, per-step counts, last tree,
-    its verify forwards (`speed_estimate.Verify`) and per event its time and the token elements
-    drawn so far (`race.Lane`)."""
+    """Accumulates one answer's events: rendered spans, plain text, its token ids, per-step
+    counts, last tree, its verify forwards (`speed_estimate.Verify`) and per event its time and
+    the token elements drawn so far (`race.Lane`). An answer that continues another starts with
+    `shown` set to that answer's text (whether it goes on inside a code block)."""
 
     parts: list[str] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     text: str = ""
     shown: str = ""  # the kept spans' text: `text` less what a stop string held back
+    ids: list[int] = field(default_factory=list)  # the answer's token ids (no rejected draft)
     accepted_per_step: list[int] = field(default_factory=list)
     tree: list[TreeNode] = field(default_factory=list)
     tree_step: int = 0
@@ -141,6 +156,7 @@ class AnswerView:
         n_acc = sum(t.kind in DRAFTED for t in ev.tokens)
         has_bonus = any(t.kind == "bonus" for t in ev.tokens)
         for t in ev.tokens:
+            self.ids.append(t.token_id)
             if t.kind == "bonus":
                 for r in ev.rejected:
                     self._add(r.text, "rejected", ev.step, r.depth, r.source)
@@ -292,7 +308,7 @@ def _tree_rows(nodes: Sequence[TreeNode]) -> list[int]:
 
 
 def _label(text: str) -> str:
-    shown = text.replace(" ", "␣").replace("\n", "⏎")
+    shown = text.translate(GLYPHS)
     return html.escape(shown if len(shown) <= 9 else shown[:8] + "…")
 
 
@@ -332,6 +348,17 @@ def tree_svg(nodes: Sequence[TreeNode], step: int = 0) -> str:
     return (f'<div class="tree"><div class="tree-caption">{caption}</div><svg role="img" '
             f'aria-label="{caption}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}">{"".join(edges)}{"".join(boxes)}</svg></div>')
+
+
+def tree_words(tree: TreeParams) -> str:
+    """A tree's shape as visitors read it: "chain of 1 draft" (one draft a step), "tree: 3 wide,
+    2 deep, 5 nodes" (nodes counting the root), with " + context drafts" when it also drafts
+    from the context. Tooltips hold the compact label (`autotune.tree_label`, "k1 s1 n2
+    +ctx+8") with the finer settings."""
+    drafts = tree.num_draft_tokens - 1
+    shape = (f"chain of {drafts} draft{'s' * (drafts != 1)}" if tree.topk == 1 or drafts == 1
+             else f"tree: {tree.topk} wide, {tree.num_steps} deep, {tree.num_draft_tokens} nodes")
+    return shape + (" + context drafts" if tree.context_drafts else "")
 
 
 def first_difference(a: str, b: str) -> int | None:

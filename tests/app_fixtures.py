@@ -164,12 +164,14 @@ class PageProbe:
 
 
 def open_page(browser: Any, url: str, width: int = 1400, height: int = 1000,
-              permissions: Sequence[str] = (), reduced_motion: str = "reduce") -> PageProbe:
+              permissions: Sequence[str] = (), reduced_motion: str = "reduce",
+              touch: bool = False) -> PageProbe:
     """A fresh page on `url`; `reduced_motion` "no-preference" lets the race play by itself
-    when it arrives (with "reduce" it waits for its Replay button)."""
+    when it arrives (with "reduce" it waits for its Replay button); `touch`: a touch screen
+    (taps, and no hover: CSS `(hover: none)` matches)."""
     ctx = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1,
                               reduced_motion=reduced_motion, color_scheme="light",
-                              permissions=list(permissions))
+                              permissions=list(permissions), has_touch=touch)
     page = ctx.new_page()
     probe = PageProbe(page, [], [])
 

@@ -1,7 +1,8 @@
 """API tests of the playground as a `gradio_client` user meets it: `python app.py` launched once
 on 127.0.0.1 (tests/app_fixtures.py), greedy runs of a few tokens. Checks streaming, the token
-kinds, lossless greedy output against the baseline, HTML escaping, readable errors for bad
-input, a prompt over the context window and an engine failure, per-session history, and Stop
+kinds, lossless greedy output against the baseline, HTML escaping, readable errors for values
+out of range and for an engine failure, refusals said on the status line (bad input, a prompt
+over the context window), per-session history, Continue growing the last answer, and Stop
 ending the answer itself (per-session flags) and leaving the engine ready. Rendering helpers
 are checked directly on fixed events."""
 from __future__ import annotations
@@ -48,7 +49,7 @@ def visible_text(spans: list[dict]) -> str:
 def test_api_lists_named_endpoints(app_server: AppServer) -> None:
     api = app_server.client().view_api(return_format="dict", print_info=False)
     endpoints = api["named_endpoints"]
-    assert {"/chat", "/regenerate", "/stop", "/clear"} <= set(endpoints)
+    assert {"/chat", "/regenerate", "/continue", "/stop", "/clear"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/chat"]["parameters"]]
     assert names == ["prompt", "spec", "aux", "layers", "topk", "num_steps", "num_draft_tokens",
                      "temperature", "top_p", "max_new_tokens", "seed", "compare", "weights",
@@ -256,22 +257,34 @@ def test_user_and_model_text_is_escaped(app_server: AppServer) -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt="   "), "Type a message first"),
     (dict(prompt="hi", temperature=-1.0), "less than minimum"),
     (dict(prompt="hi", max_new_tokens=100_000), "greater than maximum"),
-    (dict(prompt="hi", topk=1, num_steps=2, num_draft_tokens=32), "num_draft_tokens=32"),
     (dict(prompt="hi", min_score=0.9), "greater than maximum"),
-    (dict(prompt="hi", aux=False, layers=2), "No head with aux off and 2 layer"),
-    (dict(prompt="hi", spec=False, compare=True), "compare needs speculative decoding on"),
-    (dict(prompt="word " * 1500), "context window"),
 ])
-def test_bad_requests_give_readable_errors(app_server: AppServer, kwargs: dict,
-                                           message: str) -> None:
+def test_values_out_of_range_give_readable_errors(app_server: AppServer, kwargs: dict,
+                                                  message: str) -> None:
+    """Gradio checks a slider's range before the handler runs."""
     from gradio_client.exceptions import AppError
 
     client = app_server.client()
     with pytest.raises(AppError, match=message):
         client.predict(**kwargs, api_name="/chat")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt="   "), "Type a message first"),
+    (dict(prompt="hi", topk=1, num_steps=2, num_draft_tokens=32), "num_draft_tokens=32"),
+    (dict(prompt="hi", aux=False, layers=2), "No head with aux off and 2 layer"),
+    (dict(prompt="hi", spec=False, compare=True), "compare needs speculative decoding on"),
+    (dict(prompt="word " * 1500), "context window"),
+])
+def test_refused_requests_say_why_on_the_status_line(app_server: AppServer, kwargs: dict,
+                                                     message: str) -> None:
+    """A request refused for what it asks is not an error (the page shows a warning toast): the
+    status line says why and the chat stays as it was."""
+    client = app_server.client()
+    refused = client.predict(**kwargs, api_name="/chat")
+    assert refused[OUT["status"]].startswith("Not sent: ") and message in refused[OUT["status"]]
     final = client.predict("What is 2 + 2?", max_new_tokens=4, api_name="/chat")
     assert len(final[OUT["chat"]]) == 2, "a refused request must not enter the history"
 
@@ -295,7 +308,7 @@ def test_stop_leaves_engine_ready_for_an_identical_answer(app_server: AppServer)
 
     fresh = app_server.client().predict(STORY, **SMALL, api_name="/chat")[OUT["run"]]["text"]
     client = app_server.client()
-    # the most the app allows: the default head on a VNNI CPU wrote 400 tokens in 0.74 s,
+    # a long answer: the default head on a VNNI CPU wrote 400 tokens in 0.74 s,
     # before a fourth frame came; the first is enough to show that the answer streams
     job = client.submit(STORY, max_new_tokens=512, api_name="/chat")
     while len(job.outputs()) < 2 and not job.done():
@@ -327,6 +340,18 @@ def test_stop_ends_the_answer_itself_with_a_last_frame(app_server: AppServer) ->
     status = job.outputs()[-1][OUT["status"]]
     assert re.match(r"Stopped after \d+ tokens?\. The engine is ready", status), status
     assert client.predict(**SMALL, api_name="/regenerate")[OUT["status"]].startswith("Done")
+
+
+def test_continue_grows_the_last_answer(app_server: AppServer) -> None:
+    """/continue goes on from an answer cut at its max new tokens, in the same turn."""
+    client = app_server.client()
+    cut = client.predict(STORY, **SMALL, api_name="/chat")
+    assert "press Continue for more" in cut[OUT["status"]]
+    more = client.predict(**SMALL, api_name="/continue")
+    assert f"continued with {SMALL['max_new_tokens']} tokens" in more[OUT["status"]]
+    first, grown = message_texts(cut[OUT["chat"]]), message_texts(more[OUT["chat"]])
+    assert len(grown) == 2 and grown[0] == first[0] and grown[1].startswith(first[1])
+    assert more[OUT["run"]]["stats"]["num_tokens"] == SMALL["max_new_tokens"]
 
 
 def test_clear_resets_history(app_server: AppServer) -> None:

@@ -5,8 +5,10 @@ says why in a toast and leaves the next answer whole; a Stop during the baseline
 answer and compares only the baseline's start; an answer without its baseline clears the last
 compare; only a sent message's first frame empties the message box; a session streams one answer
 at a time; a conversation past the context window leaves its oldest turns out of the prompt
-(enough that the next turns keep its start), and says so. Gradio pulls a visitor's frames on its
-own thread, so the visitor here is a thread too.
+(enough that the next turns keep its start), and says so; Continue goes on from an answer cut at
+its max new tokens in the same turn, from the answer's own prompt and token ids; a refused
+request says why in a warning toast and on the status line. Gradio pulls a visitor's frames on
+its own thread, so the visitor here is a thread too.
 """
 from __future__ import annotations
 
@@ -198,3 +200,65 @@ def test_a_second_answer_while_the_session_streams_one_is_refused(engine: EagleE
     status, history = (last[handlers.OUTPUTS.index(k)] for k in ("status", "history"))
     assert status.startswith("Done") and [t["user"] for t in history] == [QUESTIONS[3]]
     assert list(pg.run(history, QUESTIONS[0], s, session="visitor")), "free again once done"
+
+
+def test_continue_goes_on_from_the_answer_in_the_same_turn(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer cut at its max new tokens says so, and offers Continue; Continue's prompt is
+    the answer's own prompt followed by the answer's token ids (what the engine would have
+    read had the answer not stopped), the same turn grows, and Continue hides once the
+    answer ends. Continue after an answer that ended by itself is refused with a toast."""
+    s = dataclasses.replace(settings(engine, True), max_new_tokens=12)
+    sampling, tree, head = s.request(engine.head_info())
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
+    at = {k: handlers.OUTPUTS.index(k) for k in ("status", "history", "more", "chat")}
+    frames = list(pg.run([], QUESTIONS[3], s))
+    status, history = frames[-1][at["status"]], frames[-1][at["history"]]
+    assert "reached its limit of 12 tokens (Max new tokens): press Continue for more" in status
+    assert frames[-1][at["more"]]["visible"] is True
+    assert all(f[at["more"]]["visible"] is False for f in frames[:-1]), "hidden as it streams"
+    prompt = conversation.conversation_ids(engine, [], QUESTIONS[3], 0)
+    first = engine.generate(prompt, sampling, tree, head)
+    turn = history[-1]
+    assert turn["ids"] == first.token_ids and turn["text"] == first.text and turn["tokens"] == 12
+    assert turn["finished"] == "length"
+    assert conversation.continued_ids(engine, [], turn) == prompt + first.token_ids
+    read = []
+    real_stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda ids, *a: read.append(ids) or real_stream(ids, *a))
+    more = list(pg.continue_answer(history, *dataclasses.astuple(s)))
+    assert read == [prompt + first.token_ids]
+    status, grown = more[-1][at["status"]], more[-1][at["history"]]
+    assert status.startswith("Done · ") and "continued with 12 tokens" in status
+    assert len(grown) == 1 and grown[0]["user"] == QUESTIONS[3]
+    assert grown[0]["text"].startswith(turn["text"]) and grown[0]["tokens"] == 24
+    assert grown[0]["html"].startswith(turn["html"]) and len(more[-1][at["chat"]]) == 2
+    assert grown[0]["ids"][:12] == first.token_ids and len(grown[0]["ids"]) == 24
+    assert "race" not in grown[0], "the race needs an answer's own prompt"
+    ended = [dict(grown[0], finished="eos")]
+    said: list[str] = []
+    monkeypatch.setattr(gr, "Warning", lambda message, **_: said.append(message))
+    assert list(pg.continue_answer(ended, *dataclasses.astuple(s))) == [handlers.pack()]
+    assert list(pg.continue_answer([], *dataclasses.astuple(s))) == [handlers.pack()]
+    assert said == ["Continue goes on from an answer that reached its max new tokens; the "
+                    "last answer ended by itself.",
+                    "Nothing to continue yet: send a message first."]
+
+
+def test_a_refused_request_says_why_in_a_toast_and_the_status_line(
+        engine: EagleEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refusals of what a request asks are a warning toast and a status line, not an error
+    (after an error Gradio leaves an "Error" badge on the status line); the chat stays."""
+    said: list[tuple[str, str]] = []
+    monkeypatch.setattr(gr, "Warning", lambda message, title: said.append((title, message)))
+    monkeypatch.setattr(engine, "tokenizer", WholeChatTokenizer())
+    pg = handlers.Playground([engine], serving.EngineThread(), frame_interval=0.0)
+    s = settings(engine, True)
+    # a message alone past the 256-token window
+    empty, window = list(pg.run([], "  ", s)), list(pg.run([], "x" * 300, s))
+    assert empty == [handlers.pack(status="Not sent: Type a message first.")]
+    assert len(window) == 1 and window[0][handlers.OUTPUTS.index("status")].startswith(
+        "Not sent: prompt has ")
+    assert [title for title, _ in said] == ["Invalid input", "Request refused"]
+    assert said[1][1] in window[0][handlers.OUTPUTS.index("status")]
+    assert window[0][handlers.OUTPUTS.index("history")] == gr.skip()

@@ -4,13 +4,16 @@ sidebar (closed on a phone), a typed prompt streams an answer with the token kin
 legend's styles, the sidebar controls show their effect, the step plot counts whole steps, Stop
 freezes the answer without an error badge and the page keeps working (Enter sends, Shift+Enter
 breaks the line), the next message can be typed while an answer streams, Clear during an answer
-leaves an empty page, bad input gives a toast, two tabs keep their own chats, copying an answer
-copies its text, another target without heads answers alone, the race of an answer and its
-plain decoding replays with the shorter recorded run first. The token pane is compared with
-assets/screenshots/token_pane_ref.png, and a code answer shows an estimated speedup and reads as
-code, then the Race button measures it (UPDATE_SCREENSHOTS=1 rewrites the token pane reference
-and the README's shots: app_answer.png, race.png, sidebar.png). The race over fixed timings and
-the sidebar's order: tests/test_browser_race.py.
+leaves an empty page, bad input gives a toast and a status line without an error badge, two
+tabs keep their own chats, copying an answer copies its text, another target without heads
+answers alone, the race of an answer and its plain decoding replays with the shorter recorded
+run first, Continue grows an answer cut at its max new tokens in the same turn. On a phone the
+message box, Send and the speed tiles are on the first screen and a tap on a token shows its
+details. The token pane is compared with assets/screenshots/token_pane_ref.png, a rejected
+line-break draft leaves the answer's lines as they are, and a code answer shows an estimated
+speedup and reads as code, then the Race button measures it (UPDATE_SCREENSHOTS=1 rewrites the
+token pane reference and the README's shots: app_answer.png, race.png, sidebar.png). The race
+over fixed timings and the sidebar's order: tests/test_browser_race.py.
 """
 from __future__ import annotations
 
@@ -77,16 +80,23 @@ def last_answer(page: Any) -> Any:
 
 
 def test_page_loads_offline_with_legend_and_sidebar(probe: PageProbe) -> None:
+    from playground.layout import NEW_TOKENS
+
     page = probe.page
     assert page.title() == "EAGLE-3 Playground"
     legend = page.locator("#legend")
     for label in ("accepted draft", "draft from context", "rejected draft",
                   "target token (bonus)", "target token"):
         expect()(legend).to_contain_text(label)
+    expect()(page.locator("#legend-row #show-rej input")).to_be_checked()  # beside the legend
+    expect()(page.locator("#intro")).to_contain_text("Hover a token for its step and depth",
+                                                     use_inner_text=True)
+    expect()(page.locator("#intro .on-touch")).to_be_hidden()  # a mouse hovers
+    expect()(page.locator("#continue")).to_be_hidden()  # no answer was cut
     status = page.locator("#engine-status")
     expect()(status).to_contain_text("Device cpu")
     expect()(status).to_contain_text("CUDA graphs off")
-    expect()(page.locator("#max-new-tokens input[type=number]")).to_have_value("128")
+    expect()(page.locator("#max-new-tokens input[type=number]")).to_have_value(str(NEW_TOKENS))
     toggle = page.get_by_label("Toggle Sidebar")
     toggle.click()
     page.wait_for_function("document.querySelector('#engine-status')"
@@ -202,6 +212,64 @@ def test_phone_opens_on_the_chat_and_the_sidebar_on_demand(chromium: Any,
     wait_done(page)
     # the tiles two a row and the timing table below the plot: nothing cut at the right edge
     assert page.evaluate(PHONE_OVERFLOW_JS) == [], "cut off on a phone"
+    page.context.close()
+
+
+# The sidebar closed and at rest (it slides shut as a phone's page opens).
+SIDEBAR_CLOSED_JS = """() => { const bar = document.querySelector('#sidebar');
+  return !bar.classList.contains('open') && bar.getAnimations({subtree: true}).length === 0; }"""
+# Where each part lies on the first screen: its box.
+FIRST_SCREEN_JS = """(sels) => Object.fromEntries(sels.map((s) => {
+  const r = document.querySelector(s).getBoundingClientRect();
+  return [s, {top: r.top, bottom: r.bottom, left: r.left, right: r.right}]; }))"""
+
+
+def test_phone_shows_the_message_box_send_and_the_tiles_on_the_first_screen(
+        chromium: Any, app_server: AppServer) -> None:
+    """A phone (390x844, touch): the chat, the message box, Send and the speed tiles lie inside
+    the first screen without scrolling (the examples and the step panels come after them), the
+    sidebar's toggle stays clear of the chat, and the intro says to tap a token."""
+    from tests.app_fixtures import open_page
+
+    probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
+    page, ex = probe.page, expect()
+    page.wait_for_function(SIDEBAR_CLOSED_JS)
+    ex(page.locator("#intro")).to_contain_text("Tap a token for its step and depth",
+                                               use_inner_text=True)
+    ex(page.locator("#intro .on-hover")).to_be_hidden()
+    parts = ["#chat", "#prompt textarea", "#send", "#tiles", "#examples", "#step-panels",
+             "#sidebar .toggle-button"]
+    box = page.evaluate(FIRST_SCREEN_JS, parts)
+    assert page.evaluate("window.scrollY") == 0
+    for part in ("#chat", "#prompt textarea", "#send", "#tiles"):
+        assert 0 <= box[part]["top"] and box[part]["bottom"] <= 844, (part, box[part])
+    assert box["#tiles"]["bottom"] <= box["#examples"]["top"] <= box["#step-panels"]["top"]
+    assert box["#sidebar .toggle-button"]["right"] <= box["#chat"]["left"], box
+    assert probe.external_requests == [] and probe.console_errors == []
+    page.context.close()
+
+
+def test_a_tap_on_a_token_shows_its_details(chromium: Any, app_server: AppServer) -> None:
+    """Touch screens never show a `title`: a tap on a token shows it in a popover below the
+    token, and a tap elsewhere hides it."""
+    from tests.app_fixtures import open_page
+
+    probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
+    page, ex = probe.page, expect()
+    page.wait_for_function(SIDEBAR_CLOSED_JS)
+    ask(page, "Name three colors.", 6)
+    wait_done(page)
+    token = last_answer(page).locator(".tok >> visible=true").first
+    details = page.locator("#tap-details")
+    ex(details).to_be_hidden()
+    token.tap()
+    ex(details).to_be_visible()
+    ex(details).to_have_text(token.get_attribute("title"))
+    assert re.search(r"step \d+", details.inner_text())
+    assert details.bounding_box()["y"] >= token.bounding_box()["y"] + token.bounding_box()["height"]
+    page.locator("#status").tap()
+    ex(details).to_be_hidden()
+    assert probe.console_errors == []
     page.context.close()
 
 
@@ -384,8 +452,10 @@ def test_sidebar_controls_show_their_effect(probe: PageProbe) -> None:
     page.locator("#aux input").uncheck()
     ex(page.locator("#head-note")).to_contain_text("eagle3-noaux-1layer")
     ex(page.locator("#layers label")).to_have_count(1)
+    ex(page.locator("#layers")).to_contain_text("2 layers: needs aux hidden states on")
     page.locator("#aux input").check()
     ex(page.locator("#layers label")).to_have_count(2)
+    ex(page.locator("#layers")).not_to_contain_text("needs aux hidden states")
     set_number(page, "topk", 3)  # change the tree, then set k2 s2
     set_number(page, "num-steps", 3)
     ex(page.locator("#draft-tokens input[type=number]")).to_have_attribute("max", "22")
@@ -505,15 +575,21 @@ def test_clear_during_an_answer_leaves_an_empty_page(probe: PageProbe) -> None:
 
 
 def test_bad_input_gives_a_toast_and_keeps_the_chat(probe: PageProbe) -> None:
+    """A refused request says why in a toast and on the status line, which shows no "Error"
+    badge (Gradio leaves one after an error)."""
     page, ex = probe.page, expect()
     ask(page, "Say hi.", 4)
     wait_done(page)
     page.fill("#prompt textarea", "   ")
     page.click("#send")
     ex(page.get_by_test_id("toast-body").last).to_contain_text("Type a message first")
+    ex(page.locator("#status")).to_have_text("Not sent: Type a message first.")
     page.fill("#prompt textarea", "word " * 1500)
     page.click("#send")
     ex(page.get_by_test_id("toast-body").last).to_contain_text("context window")
+    ex(page.locator("#status")).to_contain_text("Not sent: prompt has")
+    ex(page.locator("#status")).not_to_contain_text("Error")
+    ex(page.locator("#prompt textarea")).to_have_value("word " * 1500)
     ex(page.locator('#chat [data-testid="user"]')).to_have_count(1)
     ex(last_answer(page).locator(".tok").first).to_be_visible()
     ask(page, "Say bye.", 4)
@@ -591,6 +667,59 @@ def test_token_pane_matches_reference(probe: PageProbe, fixed_events: list[Any])
     answer = last_answer(page)
     answer.locator(".md").first.evaluate("(e, html) => { e.innerHTML = html; }", view.html())
     matches_reference(page, answer, "token_pane")
+
+
+# Per line of an answer, the text of its kept tokens (rejected drafts left out), as drawn.
+KEPT_LINES_JS = """(e) => {
+  const lines = new Map();
+  e.querySelectorAll('.tok:not(.tok-rej)').forEach((t) => {
+    if (!t.textContent.trim()) return;  // a line break's own span
+    const top = Math.round(t.getBoundingClientRect().top);
+    lines.set(top, (lines.get(top) || '') + t.textContent); });
+  return [...lines.keys()].sort((a, b) => a - b).map((top) => lines.get(top)); }"""
+
+
+def test_a_rejected_line_break_leaves_the_answers_lines_as_they_are(probe: PageProbe) -> None:
+    """A rejected draft of a line break after "Jane" (and one of a blank line before "Bob")
+    shows as "⏎" on the line it was drafted on: the kept text keeps the answer's two lines,
+    as with rejected drafts hidden."""
+    from playground import ui_render as ui
+    from tests.test_ui_render import rejected_newline_events
+
+    page, ex = probe.page, expect()
+    ask(page, "Say hi.", 2)
+    wait_done(page)
+    view = ui.AnswerView()
+    for ev in rejected_newline_events():
+        view.add(ev)
+    answer = last_answer(page).locator(".md").first
+    answer.evaluate("(e, html) => { e.innerHTML = html; }", view.html())
+    expected = [line.replace(" ", "") for line in view.text.split("\n")]
+    lines = answer.evaluate(KEPT_LINES_JS)
+    assert [line.replace(" ", "") for line in lines] == expected == ["Jane:I'matech", "Bob"]
+    ex(answer.locator(".tok-rej").first).to_have_text("⏎")
+    page.locator("#show-rej input").uncheck()
+    ex(answer.locator(".tok-rej").first).to_be_hidden()
+    assert answer.evaluate(KEPT_LINES_JS) == lines
+
+
+def test_continue_grows_an_answer_cut_at_its_max_new_tokens(probe: PageProbe) -> None:
+    """An answer cut at a small cap says so and offers Continue, which goes on in the same
+    turn: the answer so far stays, more follows, and no new message appears."""
+    page, ex = probe.page, expect()
+    ask(page, STORY, 8)
+    wait_done(page)
+    ex(page.locator("#status")).to_contain_text(
+        "reached its limit of 8 tokens (Max new tokens): press Continue for more")
+    answer = last_answer(page)
+    before = answer.evaluate(VISIBLE_TEXT_JS)
+    page.locator("#continue").click()
+    ex(page.locator("#status")).to_contain_text("continued with 8 tokens",
+                                                timeout=DONE_TIMEOUT_MS)
+    ex(page.locator('#chat [data-testid="user"]')).to_have_count(1)
+    ex(page.locator('#chat [data-testid="bot"]')).to_have_count(1)
+    after = answer.evaluate(VISIBLE_TEXT_JS)
+    assert after.startswith(before) and len(after) > len(before), (before, after)
 
 
 def matches_reference(page: Any, target: Any, name: str) -> None:

@@ -198,7 +198,7 @@ def test_the_race_plays_from_the_recorded_times(race_page: tuple[Any, RaceEngine
 
 SIDEBAR_ORDER = ["spec", "aux", "layers", "head-note", "topk", "num-steps", "draft-tokens",
                  "advanced-tree", "temperature", "top-p", "max-new-tokens", "seed", "weights",
-                 "show-rej", "compare"]
+                 "compare"]
 ADVANCED = ["min-score", "context-drafts", "context-extra", "step-cut"]
 
 

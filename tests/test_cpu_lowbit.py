@@ -2,15 +2,15 @@
 
 The kernels equal a float64 product of the dequantized weight and the dequantized int8
 activations for 1 to 16 rows and odd shapes, and their packed layout unpacks to the natural
-codes; a row computed with others equals that row computed alone, bit for bit. Quantizing a weight
-on a Q4_1 grid gives back its codes, scales and minimums; on the bundled target every decoder linear
-and the lm_head come back exactly. The fused decoder equals the Python layers (its reference); an
-engine with q4 weights keeps greedy
-speculative output equal to its greedy baseline, and its caches equal a fresh prefill after
-every commit; bad input is refused with the values named. On a CPU with AVX512-VNNI the
-`vpdpbusd` products give the bits of the AVX2 products (the same kernels built without VNNI). A
-build lock left by a killed build is removed at the next start, and a live build is waited for. A
-product lets other Python threads run while it computes.
+codes; a row computed with others equals that row computed alone, bit for bit. Quantizing a
+weight on a Q4_1 grid gives back its codes, scales and minimums; on the bundled target every
+decoder linear and the lm_head come back exactly. The fused decoder equals the Python layers
+(its reference); an engine with q4 weights keeps greedy speculative output equal to its greedy
+baseline, and its caches equal a fresh prefill after every commit; bad input is refused with
+the values named. On a CPU with AVX512-VNNI the `vpdpbusd` products give the bits of the AVX2
+products (the same kernels built without VNNI). A build lock left by a killed build is removed
+at the next start, and a live build is waited for. A product lets other Python threads run
+while it computes.
 """
 from __future__ import annotations
 

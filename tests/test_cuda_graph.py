@@ -6,8 +6,8 @@ phases' tokens exactly and their floats to rounding, phase by phase and through 
 engine. The graph
 tests proper (captured replay == eager for every shape and padding, no host sync under
 `torch.cuda.set_sync_debug_mode("error")`, graphs on by default) are marked `cuda` and skipped
-without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU (the shared harness:
-`tools/parity.py`).
+without it; `python -m eagle_engine selfcheck` runs the same checks on a GPU (the shared
+harness: `tools/parity.py`).
 """
 from __future__ import annotations
 

@@ -98,9 +98,9 @@ CONTEXT_TREE = TreeParams(3, 3, 6, context_drafts=True)  # 5 of the head's 7 nod
 
 class ContextSyntheticTarget(SyntheticTarget):
     """The synthetic target's head trees as candidates (path probability 0.25 / (rank + 1) per
-    level: low enough that chains from the context often take part of the budget), merged with the
-    chain a `ContextIndex` over the context proposes, the best `CONTEXT_TREE.num_draft_tokens - 1`
-    of both selected; verify logits per selected node."""
+    level: low enough that chains from the context often take part of the budget), merged with
+    the chain a `ContextIndex` over the context proposes, the best
+    `CONTEXT_TREE.num_draft_tokens - 1` of both selected; verify logits per selected node."""
 
     def __init__(self, tree: TreeParams = CONTEXT_TREE) -> None:
         super().__init__()
