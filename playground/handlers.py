@@ -391,7 +391,7 @@ class Playground:
         engine = self.engines[weights]
         measuring = self.startup is not None and not self.startup.done.is_set()
         return ui.engine_status(engine.config, len(self.heads), list(self.engines),
-                                engine.tuned and engine.tuned.summary(weights),
+                                engine.tuned and engine.tuned.summary(weights, ui.tree_named),
                                 self.startup.stage if measuring else None)
 
     def send(self, prompt: str, history: list[dict], spec: bool, aux: bool, layers: int,

@@ -137,8 +137,9 @@ class Estimate:
                 f" ms on average over {self.rows:.1f} tree rows, and at start-up such a forward "
                 f"cost {self.ratio:.2f} plain-decoding steps, so a plain step took "
                 f"{self.ms_per_token:.1f} ms under this answer's load. Plain decoding of these "
-                f"{num_tokens} tokens: this answer's prefill {self.prefill_s:.2f} s + "
-                f"{max(num_tokens - 1, 0)} steps × {self.ms_per_token:.1f} ms = "
+                f"{num_tokens} token{'s' * (num_tokens != 1)}: this answer's prefill "
+                f"{self.prefill_s:.2f} s + {max(num_tokens - 1, 0)} "
+                f"step{'s' * (num_tokens != 2)} × {self.ms_per_token:.1f} ms = "
                 f"{self.plain_s:.2f} s, against {elapsed_s:.2f} s taken. Press 'Race plain "
                 "decoding' to measure it.")
 

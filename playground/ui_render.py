@@ -18,6 +18,7 @@ import pandas as pd
 from eagle_engine.config import CONTEXT_DRAFTS, ConfigError, SamplingParams, TreeParams
 from eagle_engine.engine import DEFAULT_HEAD
 from eagle_engine.events import StepEvent, TreeNode
+from eagle_engine.tools.autotune import tree_label
 
 from .speed_estimate import Estimate, Verify, verify_of
 
@@ -100,8 +101,9 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
                   tuned: str | None = None, measuring: str | None = None) -> str:
     """Markdown naming the target, heads, device, dtype, the target weights the app holds
     (`EngineConfig.weights_label` of each), whether CUDA graphs run and, when the fastest
-    weights and tree were measured on this machine (`autotune.Tuned.summary`), what was
-    measured; `measuring`: the start-up measurement running now."""
+    weights and tree were measured on this machine (`autotune.Tuned.summary` with trees named
+    by `tree_named`: figures and escaped names), what was measured; `measuring`: the start-up
+    measurement running now."""
     target = ("SmolLM2-135M-Instruct (bundled)" if config.target == "bundled"
               else html.escape(str(config.target)))
     graphs = "on" if config.cuda_graphs and str(config.device).startswith("cuda") else "off"
@@ -109,7 +111,7 @@ def engine_status(config: Any, num_heads: int, weights: Sequence[str],
             f"**Device** {config.device} · **dtype** {config.dtype} · **target weights** "
             f"{' / '.join(weights)} · **CUDA graphs** {graphs}"
             + (f"  \n**Measured at start-up, on short fixed prompts** {weights[0]} weights, "
-               f"{html.escape(tuned, quote=False)}" if tuned else "")
+               f"{tuned}" if tuned else "")
             + (f"  \n**Start-up measurement** {html.escape(measuring, quote=False)}, between "
                "visitors' answers (yours come first); until it ends the tree is this CPU's "
                "default"
@@ -359,6 +361,12 @@ def tree_words(tree: TreeParams) -> str:
     shape = (f"chain of {drafts} draft{'s' * (drafts != 1)}" if tree.topk == 1 or drafts == 1
              else f"tree: {tree.topk} wide, {tree.num_steps} deep, {tree.num_draft_tokens} nodes")
     return shape + (" + context drafts" if tree.context_drafts else "")
+
+
+def tree_named(tree: TreeParams) -> str:
+    """`tree_words` with the compact label as its tooltip (HTML)."""
+    return (f'<span class="tree-name" title="{html.escape(tree_label(tree))}">'
+            f"{html.escape(tree_words(tree))}</span>")
 
 
 def first_difference(a: str, b: str) -> int | None:

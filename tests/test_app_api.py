@@ -478,8 +478,10 @@ def test_measured_choice_sets_sliders_status_and_weights_note(
     blocks = {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
     assert (blocks["topk"].value, blocks["num-steps"].value, blocks["draft-tokens"].value,
             blocks["min-score"].value) == (3, 2, 4, 0.2)
-    assert ("**Measured at start-up, on short fixed prompts** q4 weights, EAGLE-3 with tree "
-            "k3 s2 n4 min0.2 109 tok/s, plain decoding 100 tok/s") in blocks["engine-status"].value
+    assert ('**Measured at start-up, on short fixed prompts** q4 weights, EAGLE-3 with <span '
+            'class="tree-name" title="k3 s2 n4 min0.2 +ctx">tree: 3 wide, 2 deep, 4 nodes + '
+            "context drafts</span>: 109 tok/s; plain decoding: 100 tok/s"
+            ) in blocks["engine-status"].value
     assert blocks["weights"].info == "measured here (fastest first): q4 109 tok/s, fp32 18 tok/s"
 
 

@@ -44,7 +44,7 @@ def test_tune_measures_caches_and_applies(tmp_path: Path, monkeypatch: pytest.Mo
     best = m.best_tree()
     assert best in DENSE  # min_score included
     assert autotune.cache_path([engine], "head").exists()
-    assert f"tree {autotune.tree_label(best)} " in tuned.summary("fp32")
+    assert f"tree {autotune.tree_label(best)}: " in tuned.summary("fp32")
     # a tree's speed depends on how sure a context chain must be to pass the budget
     with monkeypatch.context() as m_sure:
         m_sure.setattr(autotune, "CHAIN_SURE", autotune.CHAIN_SURE + 0.1)

@@ -483,18 +483,17 @@ def test_target_weights_switch_the_target_and_its_tree(probe: PageProbe) -> None
     other work took the cores during that measurement (`make test` beside busy processes),
     the sidebar says so and the tree is the CPU class's static default."""
     from eagle_engine.config import EngineConfig, TreeParams, q4_tree
+    from eagle_engine.tools.autotune import tree_label
 
     dense = EngineConfig(weights="dense").weights_label
     page, ex = probe.page, expect()
     status = page.locator("#engine-status")
     ex(status).to_contain_text("Measured at start-up, on short fixed prompts q4 weights")
-    measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", status.inner_text())
     if "the machine was busy" in status.inner_text():
-        static = q4_tree()
-        measured = re.search(r"tree k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?",
-                             f"tree k{static.topk} s{static.num_steps} n"
-                             f"{static.num_draft_tokens}"
-                             + (f" min{static.min_score:g}" if static.min_score else ""))
+        label = tree_label(q4_tree())
+    else:  # the tree in words, its label in the tooltip
+        label = status.locator(".tree-name").get_attribute("title") or ""
+    measured = re.search(r"k(\d+) s(\d+) n(\d+)(?: min([\d.]+))?", label)
     assert measured is not None
     tokens = page.locator("#draft-tokens input[type=number]")
     page.locator("#advanced-tree").get_by_text("Advanced tree").click()  # closed at first

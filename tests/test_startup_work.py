@@ -157,8 +157,8 @@ def test_the_tuned_tree_reaches_new_pages_and_the_tiles_say_why_eagle3_cannot_pa
         status, radio, topk, steps, tokens, *_ = pg.page_state()
         assert (radio["value"], topk["value"], steps["value"], tokens["value"]) == (
             weights, 1, 1, 2)
-        assert ("EAGLE-3 with tree k1 s1 n2 +ctx+8 119 tok/s, plain decoding 136 tok/s"
-                in status)
+        assert ('EAGLE-3 with <span class="tree-name" title="k1 s1 n2 +ctx+8">chain of 1 '
+                "draft + context drafts</span>: 119 tok/s; plain decoding: 136 tok/s" in status)
         tiles = final(pg.run([], "hello", settings(engine)), "tiles")
         # a 2-token tree: 1.4 steps, 0.40 of a step a draft token; 118.6 / 135.7 = 0.87
         assert ("On this CPU verifying a tree of 2 tokens costs 1.4 one-token steps here (each "

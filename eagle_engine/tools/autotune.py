@@ -126,18 +126,21 @@ class Tuned:
     cpu_share: float = 1.0  # the process's share of its cores while measuring (`Meter`)
     loaded: bool = False  # other work took the cores: the figures are not used nor cached
 
-    def summary(self, weights: str) -> str:
-        """One line for the status bar: why this weight format and tree."""
+    def summary(self, weights: str, name: Callable[[TreeParams], str] | None = None) -> str:
+        """One line for the status bar: why this weight format and tree; `name` names a tree
+        (default: its label, `tree_label`)."""
         if self.loaded:
             why = (f"this process got {100 * self.cpu_share:.0f}% of its cores"
                    if self.cpu_share < STARVED_BELOW else "other processes took the cores")
             return (f"not measured: the machine was busy ({why}), so the default tree for this "
                     "CPU class stays; a later quiet start measures again")
         m = self.measured[weights]
-        what = "plain decoding "
+        what = "plain decoding: "
         if m.chosen is not None:
-            what = (f"EAGLE-3 with tree {m.chosen} {m.tree_tok_s[m.chosen]:.0f} tok/s, "
-                    "plain decoding ")
+            tree = (f"tree {m.chosen}" if name is None
+                    else name(TreeParams.parse(m.trees[m.chosen])))
+            what = (f"EAGLE-3 with {tree}: {m.tree_tok_s[m.chosen]:.0f} tok/s; "
+                    "plain decoding: ")
         others = ", ".join(f"{w} {self.measured[w].best_tok_s():.0f}" for w in self.order
                            if w != weights)
         return (f"{what}{m.plain_tok_s:.0f} tok/s"
