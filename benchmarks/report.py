@@ -118,6 +118,22 @@ def estimate_table(report: dict) -> list[str]:
     return lines
 
 
+def contention_table(report: dict) -> list[str]:
+    """Per system, its median tok/s under each load, with its share of its quiet median and
+    its lowest round's share."""
+    loads = list(report["loads"])
+    lines = ["| system | " + " | ".join(loads) + " |", "|---" * (len(loads) + 1) + "|"]
+    for name in report["loads"][loads[0]]:
+        cells = []
+        for load in loads:
+            r = report["loads"][load][name]
+            cells.append(f"{r['median']:.1f}" if load == loads[0] else
+                         f"{r['median']:.1f} ({r['median_share']:.2f}; lowest "
+                         f"{r['lowest_share']:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def cost_model_table(report: dict) -> list[str]:
     lines = ["| build | one-token forward | its read bound | verify 4 / 8 / 16 rows | "
              "a row past 8 | of the int8 peak | draft step (warm) | extend (warm) |",
@@ -157,6 +173,14 @@ def describe(report: dict) -> str:
         return (f"a tiny random target and head on one CPU thread, {report['tokens']} tokens, "
                 f"EAGLE-3 tree {report['tree']}: the host's time per iteration, on the graph "
                 "path with free replays (a GPU's host work) and on the eager path")
+    if kind == "contention":
+        quiet = next(iter(report["loads"].values()))
+        rounds = len(next(iter(quiet.values()))["rounds"])
+        return (f"decoding tokens/s of {report['tokens']}-token answers on "
+                f"{report['threads']} threads while other processes spin on the cores, the "
+                f"median of {rounds} rounds (its share of the quiet median; the lowest "
+                "round's share); ours with the thread governor and without it (every step on "
+                f"every thread), EAGLE-3 with tree {report['tree']}")
     if kind == "speedup_estimate":
         return (f"the app's speedup estimate against the speedup its race measured, "
                 f"{report['weights']} weights, tree {report['tree']}, {report['tokens']} tokens, "
@@ -175,6 +199,7 @@ KINDS = {  # kind (or its first word) -> title, table; in this order
     "cost_model": ("Where an iteration's time goes", cost_model_table),
     "host_time": ("The host's time per iteration", host_time_table),
     "speedup_estimate": ("The speedup estimate against the measured speedup", estimate_table),
+    "contention": ("Under load: other processes on the cores", contention_table),
 }
 
 
@@ -221,6 +246,11 @@ def readme_block(figures: dict[str, dict[str, dict]]) -> str:
             b = kinds["bench"]
             lines += [f"{describe(b)} ({b['provenance']['commit']}, {b['provenance']['date']}):",
                       "", "```bash", b["provenance"]["command"], "```", "", *bench_table(b), ""]
+        if "contention" in kinds:
+            c = kinds["contention"]
+            lines += [f"Under load: {describe(c)} ({c['provenance']['commit']}, "
+                      f"{c['provenance']['date']}):", "", "```bash",
+                      c["provenance"]["command"], "```", "", *contention_table(c), ""]
     return "\n".join(lines).rstrip()
 
 
