@@ -228,7 +228,8 @@ def test_phone_shows_the_message_box_send_and_the_tiles_on_the_first_screen(
         chromium: Any, app_server: AppServer) -> None:
     """A phone (390x844, touch): the chat, the message box, Send and the speed tiles lie inside
     the first screen without scrolling (the examples and the step panels come after them), the
-    sidebar's toggle stays clear of the chat, and the intro says to tap a token."""
+    sidebar's toggle stays clear of the chat, and the intro says to tap a token
+    (UPDATE_SCREENSHOTS=1 writes the screen to assets/screenshots/phone.png)."""
     from tests.app_fixtures import open_page
 
     probe = open_page(chromium, app_server.url, width=390, height=844, touch=True)
@@ -246,6 +247,10 @@ def test_phone_shows_the_message_box_send_and_the_tiles_on_the_first_screen(
     assert box["#tiles"]["bottom"] <= box["#examples"]["top"] <= box["#step-panels"]["top"]
     assert box["#sidebar .toggle-button"]["right"] <= box["#chat"]["left"], box
     assert probe.external_requests == [] and probe.console_errors == []
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the phone's first screen, as a visitor sees it
+    page.screenshot(path=str(ARTIFACTS / "phone.png"), animations="disabled", caret="hide")
+    if UPDATE:
+        (SHOTS / "phone.png").write_bytes((ARTIFACTS / "phone.png").read_bytes())
     page.context.close()
 
 

@@ -13,6 +13,7 @@ it).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 from eagle_engine.config import EngineConfig
 from eagle_engine.events import StepEvent, TokenSpan
 from playground import layout
+from tests.app_fixtures import ARTIFACTS, REPO
 
 pytest_plugins = ["tests.app_fixtures"]
 PLAIN_TOKENS = ["def", " f", "(x)", ":", "\n   ", " return", " x"]
@@ -298,7 +300,8 @@ def test_the_replay_runs_at_the_chosen_speed_on_the_races_clock(
         race_page: tuple[Any, RaceEngine]) -> None:
     """A 4× replay ends as the 1× one did; a change of speed mid-replay goes on from the clock's
     time (the page's clock is Playwright's fake one there: 16 ms a frame); Regenerate during a
-    replay shows the finished race at once, and the next race keeps the chosen speed."""
+    replay shows the finished race at once, and the next race keeps the chosen speed
+    (UPDATE_SCREENSHOTS=1 writes the race mid-way to assets/screenshots/race_midway.png)."""
     probe, ex = race_page[0], expect()
     page = probe.page
     race = page.locator("#compare-out .race")
@@ -331,6 +334,11 @@ def test_the_replay_runs_at_the_chosen_speed_on_the_races_clock(
     assert 0.2 <= moved <= 0.3, moved
     assert "playing" in race.get_attribute("class")
     ex(race.locator(".compare-verdict")).to_be_hidden()
+    shot = race.screenshot(animations="disabled", caret="hide")  # mid-way, as a visitor sees it
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "race_midway.png").write_bytes(shot)
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        (REPO / "assets" / "screenshots" / "race_midway.png").write_bytes(shot)
     # Regenerate ends the replay: the finished race shows at once, before the server answers
     assert page.evaluate(REGENERATE_JS) == {"classes": "compare race", "verdict": True,
                                             "result": True, "done": at_1x["done"],
