@@ -22,10 +22,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
+from benchmarks.contention import busy
 from eagle_engine import hardware
 from eagle_engine.tools.bench import provenance, write_report
 from tests.app_fixtures import free_port
@@ -34,18 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPT = "Write a Python function that reverses a string."
 MEASURED = re.compile(r"start-up measurements done in ([\d.]+) s")
 TUNE = {"stopped measuring": "stopped: the machine was busy", "cached in": "measured and cached"}
-
-
-@contextmanager
-def busy(n: int) -> Iterator[None]:
-    """`n` processes spinning on a core each."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def cache_home(mode: str, stack: ExitStack) -> str | None:
