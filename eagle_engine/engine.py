@@ -26,6 +26,7 @@ import torch
 
 from .chat import encode_chat, stop_token_ids
 from .config import EngineConfig, SamplingParams, TreeParams, parse_dtype
+from .cpu_share import ThreadGovernor
 from . import cuda_graph
 from .cuda_graph import GraphMode
 from .events import RunStats, StepEvent
@@ -39,7 +40,6 @@ from .models.loader import load_target, load_tokenizer, resolve_target
 from .models.target import TargetModel
 from .parts import EngineParts
 from .prefix_cache import PrefixCache
-from .cpu_share import ThreadGovernor
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)

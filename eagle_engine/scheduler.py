@@ -43,7 +43,9 @@ for each request in it, and, as the scheduler never waits for a caller, the time
 frames take on the same cores is in it too.
 Threads: `submit` and `Handle.cancel` may be called from any thread; steps run on the
 `executor` given (`step_on`: the app's `EngineThread`), or on the caller of `step` /
-`run_until_idle`, as `EagleEngine.stream` does; steps never overlap.
+`run_until_idle`, as `EagleEngine.stream` does; steps never overlap. On a CPU each step runs on
+the thread count its `cpu_share.ThreadGovernor` sets (one while other processes take the
+cores), and marks its requests' figures as taken on a busy machine while it does.
 The scheduler is given its parts (`parts.EngineParts`: models, tokenizer, step ops, prefix
 cache, defaults) and its phase backend, never the engine; it does each request's work with the
 models (prefill, the prompt's extend, tree input, acceptance and commit, the prefix cache) and
