@@ -246,8 +246,9 @@ class Scheduler:
                 self._guarded_step()
                 return
             self.governor.apply()
-            for req in self._active:  # its figures were taken on a busy machine
-                req.run.stats.thinned |= self.governor.thinned
+            if self.governor.thinned:  # its requests' figures are taken on a busy machine
+                for req in self._active:
+                    req.run.stats.thinned = True
             with CpuClock() as clock:
                 self._guarded_step()
             self.governor.account(clock.reading)

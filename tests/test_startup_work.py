@@ -15,24 +15,12 @@ from eagle_engine.config import TreeParams
 from eagle_engine.engine import EagleEngine
 from eagle_engine.tools import autotune
 from playground import background, handlers, serving
-from playground import ui_render as ui
 from playground.speed_estimate import CostTable, Estimate, VerifyCost
-from tests.helpers import tiny_engine
+from tests.test_app_batch import engine as engine  # the fixture: a tiny q4 engine
+from tests.test_app_batch import settings
 
 pytestmark = pytest.mark.usefixtures("quiet_machine")  # the judgement's own test undoes it
 COST = VerifyCost((CostTable(20.0, (1, 2, 4, 8), (1.0, 1.4, 2.66, 5.07)),))  # a Zen 1's
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> EagleEngine:
-    return tiny_engine(tmp_path_factory.mktemp("startup"), {"head": {"intermediate_size": 64}},
-                       weights="q4", hidden_size=64, intermediate_size=96, weight_scale=1.0,
-                       vocab_size=264)
-
-
-def settings(engine: EagleEngine) -> ui.Settings:
-    return ui.Settings(True, True, 1, 2, 2, 4, 0.0, 1.0, 16, 0, False,
-                       engine.config.weights_label)
 
 
 def final(frames: Any, name: str) -> Any:
@@ -72,7 +60,7 @@ def test_a_visitor_is_answered_before_the_measurement_ends(
     pg = handlers.Playground([engine], worker, 0.0, costs, visitors=visitors, startup=work)
     work.start()
     try:
-        tiles = final(pg.run([], "hello", settings(engine)), "tiles")
+        tiles = final(pg.run([], "hello", settings(engine, True)), "tiles")
         assert not work.done.is_set() and held.units > 0  # it ran before and around the answer
         assert ("estimate after start-up measurement" in tiles) == (stage == "cost")
         assert {"cost": "Start-up measurement** measuring the q4 target's verify cost",
@@ -81,7 +69,7 @@ def test_a_visitor_is_answered_before_the_measurement_ends(
     finally:
         held.release.set()
     assert work.done.wait(60) and costs == {weights: COST}
-    assert "≈" in final(pg.run([], "hello", settings(engine)), "tiles")  # the estimate now
+    assert "≈" in final(pg.run([], "hello", settings(engine, True)), "tiles")  # the estimate now
     assert "Start-up measurement" not in pg.page_state()[0]
     engine.tuned = None
 
@@ -126,7 +114,7 @@ def test_a_failed_measurement_is_logged_and_the_app_serves_on(
     assert work.done.is_set() and costs == {}
     assert "a start-up measurement failed (measuring the q4 target's verify cost)" in caplog.text
     pg = handlers.Playground([engine], serving.EngineThread(), 0.0, costs, startup=work)
-    assert "estimate after" not in final(pg.run([], "hi", settings(engine)), "tiles")
+    assert "estimate after" not in final(pg.run([], "hi", settings(engine, True)), "tiles")
 
 
 def slower_tuned(weights: str, head: str) -> autotune.Tuned:
@@ -159,7 +147,7 @@ def test_the_tuned_tree_reaches_new_pages_and_the_tiles_say_why_eagle3_cannot_pa
             weights, 1, 1, 2)
         assert ('EAGLE-3 with <span class="tree-name" title="k1 s1 n2 +ctx+8">chain of 1 '
                 "draft + context drafts</span>: 119 tok/s; plain decoding: 136 tok/s" in status)
-        tiles = final(pg.run([], "hello", settings(engine)), "tiles")
+        tiles = final(pg.run([], "hello", settings(engine, True)), "tiles")
         # a 2-token tree: 1.4 steps, 0.40 of a step a draft token; 118.6 / 135.7 = 0.87
         assert ("On this CPU verifying a tree of 2 tokens costs 1.4 one-token steps here (each "
                 "draft token 0.40 of a step), more than its accepted drafts save, so EAGLE-3 "
